@@ -1,0 +1,3 @@
+from fasteagle.cli import main
+
+raise SystemExit(main())

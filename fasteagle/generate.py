@@ -1,0 +1,222 @@
+"""One decoding loop for every method: draft a tree, verify it in one target forward, keep the
+accepted path, repeat. Plain decoding is the same loop with no drafter (a one-node tree).
+
+The loop yields a `StepTrace` per step; the CLI, the benchmark and the app all consume these.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Protocol
+
+import torch
+
+from fasteagle.errors import FastEagleError
+from fasteagle.kvcache import KVCache
+from fasteagle.target import Target
+from fasteagle.tree import DraftTree, make_tree, path_tree, root_only
+from fasteagle.verify import SamplingParams, Verdict, tree_forward, verify
+
+
+class Drafter(Protocol):
+    """What the loop needs from a drafter.
+
+    `feature_layers`: indices into the target's `hidden_states` the drafter wants (empty: none).
+    `reset()`: forget the previous sequence.
+    `extend(tokens, features, next_token)`: `tokens` just entered the target's KV cache (with the
+        target's hidden features at those positions); `next_token` follows them and is the root of
+        the next tree.
+    `draft(root)`: a tree rooted at `root` (the last `next_token`).
+    """
+
+    feature_layers: tuple[int, ...]
+
+    def reset(self) -> None: ...
+
+    def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None: ...
+
+    def draft(self, root: int) -> DraftTree: ...
+
+
+@dataclass
+class StepTrace:
+    """Everything one step did, as plain data (JSON-ready through `to_dict`)."""
+
+    step: int
+    tokens: list[int]  # tokens emitted this step, in order
+    token_depths: list[int]  # 0 = the target's own (bonus) token, d = accepted draft token at depth d
+    text: str  # decoded text delta of this step
+    draft_ms: float
+    verify_ms: float
+    tree: dict | None = None  # DraftTree.to_dict() of the verified tree (None for prefill)
+    status: list[int] = field(default_factory=list)  # per tree node: 0 never reached, 1 accepted, 2 rejected
+    target_probs: list[float] = field(default_factory=list)  # per tree node
+    path: list[int] = field(default_factory=list)  # accepted node indices, root first
+    generated: int = 0  # tokens generated so far, this step included
+    forwards: int = 0  # target forwards so far (prefill excluded)
+    finished: str | None = None  # "eos" or "length" on the last step
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target forward so far (the bonus token included; vanilla = 1)."""
+        return (self.generated - 1) / self.forwards if self.forwards else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"tau": self.tau}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepTrace":
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def draft_tree(self) -> DraftTree | None:
+        return DraftTree.from_dict(self.tree) if self.tree else None
+
+
+def chat_prompt_ids(target: Target, prompt: str, system: str | None = None) -> torch.Tensor:
+    """The prompt as the chat template renders it, ending with the assistant turn's header."""
+    if not prompt or not prompt.strip():
+        raise FastEagleError("the prompt is empty")
+    tok = target.tokenizer
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    if getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        if not isinstance(ids, list):  # some tokenizers return a BatchEncoding / tensor
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    else:
+        ids = tok(prompt)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generate(
+    target: Target,
+    input_ids: torch.Tensor,
+    drafter: Drafter | None = None,
+    max_new_tokens: int = 128,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+    capacity: int | None = None,
+    stop_ids: set[int] | None = None,
+    tree_room: int = 128,
+) -> Iterator[StepTrace]:
+    """Decode up to `max_new_tokens` after `input_ids` (1-D), yielding one StepTrace per step.
+
+    Step 0 is the prefill (its token is the target's own). Stops after a stop token (which is
+    emitted) or exactly at `max_new_tokens`.
+    """
+    sampling = sampling or SamplingParams()
+    model, dev = target.model, target.device
+    stop_ids = target.stop_ids() if stop_ids is None else stop_ids
+    max_pos = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    capacity = capacity or min(input_ids.numel() + max_new_tokens + tree_room, max_pos + tree_room)
+    if input_ids.numel() + max_new_tokens > max_pos:
+        raise FastEagleError(
+            f"context too long: {input_ids.numel()} prompt + {max_new_tokens} new tokens exceed the model's "
+            f"{max_pos} positions"
+        )
+    if max_new_tokens < 1:
+        raise FastEagleError("max_new_tokens must be at least 1")
+    cache = KVCache.for_model(model, capacity)
+    generator = torch.Generator().manual_seed(seed)
+    feature_layers = tuple(drafter.feature_layers) if drafter else ()
+    ids = input_ids.to(dev)
+    decoded = _Detokenizer(target.tokenizer)
+
+    with torch.inference_mode():
+        # Prefill: the prompt is a causal chain whose last logits give the first token.
+        t0 = time.perf_counter()
+        logits, feats = tree_forward(model, cache, path_tree(ids), feature_layers)
+        cache.keep(torch.arange(ids.numel(), device=dev))
+        root = _sample(logits[-1:], sampling, generator)
+        _synchronize(dev)
+        verify_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        if drafter:
+            drafter.reset()
+            drafter.extend(ids, feats, root)
+        _synchronize(dev)
+        draft_ms = (time.perf_counter() - t0) * 1e3
+        generated, forwards = 1, 0
+        finished = _finish_reason([root], stop_ids, generated, max_new_tokens)
+        yield StepTrace(step=0, tokens=[root], token_depths=[0], text=decoded.add([root]), draft_ms=draft_ms,
+                        verify_ms=verify_ms, generated=1, forwards=0, finished=finished)
+        step = 0
+        while not finished:
+            step += 1
+            t0 = time.perf_counter()
+            tree = drafter.draft(root) if drafter else root_only(root, dev)
+            _synchronize(dev)
+            t1 = time.perf_counter()
+            logits, feats = tree_forward(model, cache, tree, feature_layers)
+            verdict: Verdict = verify(logits, tree, sampling, generator)
+            cache.keep(verdict.path)
+            _synchronize(dev)
+            t2 = time.perf_counter()
+            path_tokens = tree.tokens[verdict.path]
+            new = path_tokens[1:].tolist() + [verdict.bonus]
+            depths = tree.depths[verdict.path][1:].tolist() + [0]
+            new, depths, finished = _clip(new, depths, stop_ids, generated, max_new_tokens)
+            generated += len(new)
+            forwards += 1
+            if drafter and not finished:
+                drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
+            _synchronize(dev)
+            t3 = time.perf_counter()
+            root = verdict.bonus
+            yield StepTrace(
+                step=step, tokens=new, token_depths=depths, text=decoded.add(new),
+                draft_ms=((t1 - t0) + (t3 - t2)) * 1e3, verify_ms=(t2 - t1) * 1e3,
+                tree=tree.to_dict(), status=verdict.status.tolist(), target_probs=verdict.target_probs.tolist(),
+                path=verdict.path.tolist(), generated=generated, forwards=forwards, finished=finished,
+            )
+
+
+def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+    """The target's own next token from one row of logits (the same rule as a tree with no children)."""
+    one = make_tree(torch.zeros(1, dtype=torch.long, device=logits.device),
+                    torch.tensor([-1], device=logits.device))
+    return verify(logits, one, sampling, generator).bonus
+
+
+def _finish_reason(tokens: list[int], stop_ids: set[int], generated: int, max_new: int) -> str | None:
+    if tokens and tokens[-1] in stop_ids:
+        return "eos"
+    return "length" if generated >= max_new else None
+
+
+def _clip(new: list[int], depths: list[int], stop_ids: set[int], generated: int, max_new: int):
+    """Cut an accepted chunk at the first stop token (kept) and at max_new_tokens."""
+    for i, tok in enumerate(new):
+        if tok in stop_ids:
+            new, depths = new[: i + 1], depths[: i + 1]
+            break
+    room = max_new - generated
+    new, depths = new[:room], depths[:room]
+    return new, depths, _finish_reason(new, stop_ids, generated + len(new), max_new)
+
+
+class _Detokenizer:
+    """Incremental decoding that never splits a multi-byte character across deltas."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.text = tokenizer, [], ""
+
+    def add(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.text = text[len(self.text):], text
+        return delta
+
+
+def run(target: Target, input_ids: torch.Tensor, **kwargs) -> tuple[list[int], list[StepTrace]]:
+    """Decode to the end; returns the generated token ids and the traces."""
+    traces = list(generate(target, input_ids, **kwargs))
+    return [t for tr in traces for t in tr.tokens], traces

@@ -1,0 +1,132 @@
+"""A preallocated KV cache that stock transformers models write into, with an accepted-path commit.
+
+Each forward appends its rows at the current length (the tree's nodes during verification); after
+verification `keep(idx)` moves only the accepted nodes' rows to the prefix end and sets the length.
+Nothing is reallocated per step, and `reserve(n)` refuses a forward that would not fit before any
+layer has written into the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from fasteagle.errors import FastEagleError
+
+
+class ContextOverflowError(FastEagleError):
+    """The prompt plus the reply would not fit into the cache's capacity."""
+
+
+class SlotLayer(CacheLayerMixin):
+    """One attention layer's keys and values in a fixed (B, H, capacity, D) buffer."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0  # rows that hold valid keys/values
+        self.start = 0  # where the last forward began writing
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_zeros(b, h, self.capacity, d)
+        self.values = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise ContextOverflowError(f"KV cache overflow: {end} positions needed, capacity {self.capacity}")
+        self.keys[:, :, self.length:end] = key_states
+        self.values[:, :, self.length:end] = value_states
+        self.start, self.length = self.length, end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Keep rows start+idx of the last forward (in this order) and drop the rest of it."""
+        n = idx.numel()
+        src = idx + self.start
+        # Advanced indexing copies first, so overlapping source/destination rows are safe.
+        self.keys[:, :, self.start:self.start + n] = self.keys[:, :, src]
+        self.values[:, :, self.start:self.start + n] = self.values[:, :, src]
+        self.length = self.start + n
+
+    def truncate(self, length: int) -> None:
+        self.length = self.start = min(self.length, length)
+
+    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def reset(self) -> None:
+        self.length = self.start = 0
+
+
+class KVCache(Cache):
+    """A transformers `Cache` of `SlotLayer`s: one preallocated buffer per attention layer."""
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
+        self.capacity = capacity
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, capacity: int) -> "KVCache":
+        return cls(model.config.num_hidden_layers, capacity)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def reserve(self, n: int) -> None:
+        """Raise before a forward of n new rows that would not fit: nothing is written, nothing lost."""
+        if self.length + n > self.capacity:
+            raise ContextOverflowError(
+                f"context too long: {self.length} cached + {n} new positions exceed the cache capacity "
+                f"{self.capacity}; shorten the prompt or lower max_new_tokens"
+            )
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Commit the accepted rows (indices into the last forward's rows) as the new prefix end."""
+        for layer in self.layers:
+            layer.keep(idx)
+
+    def truncate(self, length: int) -> None:
+        for layer in self.layers:
+            layer.truncate(length)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].length
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+
+
+def attention_mask(ancestors: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive float mask (1, 1, T, past+T): every row sees the whole prefix and its own ancestors.
+
+    A causal chain is the special case `ancestors = lower-triangular ones`. The mask must be float
+    (0 / dtype-min): a boolean 4D mask is silently added to the scores by eager attention.
+    """
+    t = ancestors.shape[0]
+    allowed = torch.ones(t, past + t, dtype=torch.bool, device=ancestors.device)
+    allowed[:, past:] = ancestors
+    mask = torch.zeros(t, past + t, dtype=dtype, device=ancestors.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def causal_ancestors(t: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()

