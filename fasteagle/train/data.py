@@ -98,8 +98,9 @@ def iter_raw_objects(path: str | Path, chunk_chars: int = 1 << 20) -> Iterator[A
                     obj, end = decoder.raw_decode(buf, pos)
                 except json.JSONDecodeError:
                     obj, end = None, -1  # incomplete in the buffer (or malformed): read more first
-                # A value that ends exactly at the buffer's end may be a cut-off number or literal.
-                if end != -1 and (end < len(buf) or eof):
+                # A value ending exactly at the buffer's end may be a number cut short: read on,
+                # and at end of file trust only values that close themselves (object, list, string).
+                if end != -1 and (end < len(buf) or (eof and buf[end - 1] in '}]"')):
                     yield obj
                     pos = end
                     continue
@@ -212,7 +213,9 @@ def encode_conversation(tokenizer: Any, conv: Conversation, max_len: int) -> tup
     How: the template is rendered for growing prefixes of the conversation; the reply of assistant
     turn k is the text between "prefix up to k, with generation prompt" and "prefix including k".
     These character spans are mapped onto the tokens of the full text via the fast tokenizer's
-    offsets, which stays correct even where a token straddles a turn boundary.
+    offsets rather than by diffing token counts, so a token that straddles a boundary (a reply
+    opening with a newline that merges with the header's) is left unmasked instead of shifting
+    the mask. On the SmolLM2 template this equals the token-count diff on real ShareGPT chats.
     """
     if max_len <= 0:
         raise ValueError("max_len must be positive")
@@ -312,10 +315,10 @@ def build_token_dataset(
 
 
 def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
-    """Store a token dataset compactly: flat token tensors plus offsets, 2-4 bytes a token.
+    """Store a token dataset compactly (it is shipped to the GPU machine): flat token tensors
+    plus offsets, 2 bytes a token when the vocabulary fits uint16 (SmolLM2's does), else 4.
 
-    Token ids go in uint16 when the vocabulary allows (SmolLM2's does), else int32; the loss mask
-    is a flat uint8 tensor aligned with input_ids.
+    The loss mask is stored as its runs of ones, [start, end) pairs, a few per conversation.
     """
     n = len(data["ids"])
     if not (len(data["input_ids"]) == len(data["loss_mask"]) == len(data["prompt_ids"]) == n):
@@ -326,10 +329,10 @@ def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
     max_id = max((max(x) for key in ("input_ids", "prompt_ids") for x in data[key] if x), default=0)
     dtype = torch.uint16 if max_id < 2**16 else torch.int32
     payload = {
-        "format": "fasteagle-token-dataset-v1",
+        "format": "fasteagle-token-dataset-v2",
         "ids": list(data["ids"]),
         "input_ids": _flatten(data["input_ids"], dtype),
-        "loss_mask": _flatten(data["loss_mask"], torch.uint8)[0],
+        "loss_mask_runs": _flatten([_mask_runs(m) for m in data["loss_mask"]], torch.int32),
         "prompt_ids": _flatten(data["prompt_ids"], dtype),
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -342,12 +345,13 @@ def load_token_dataset(path: str | Path) -> dict[str, list]:
         payload = torch.load(str(path), weights_only=True)
     except FileNotFoundError:
         raise FastEagleError(f"no token dataset at {path}; build one first") from None
-    if not isinstance(payload, dict) or payload.get("format") != "fasteagle-token-dataset-v1":
+    if not isinstance(payload, dict) or payload.get("format") != "fasteagle-token-dataset-v2":
         raise FastEagleError(f"{path} is not a fasteagle token dataset")
-    flat_ids, offsets = payload["input_ids"]
+    input_ids = _unflatten(*payload["input_ids"])
+    runs = _unflatten(*payload["loss_mask_runs"])
     return {
-        "input_ids": _unflatten(flat_ids, offsets),
-        "loss_mask": _unflatten(payload["loss_mask"], offsets),
+        "input_ids": input_ids,
+        "loss_mask": [_mask_from_runs(r, len(ids)) for r, ids in zip(runs, input_ids)],
         "prompt_ids": _unflatten(*payload["prompt_ids"]),
         "ids": list(payload["ids"]),
     }
@@ -359,6 +363,24 @@ def _flatten(seqs: Sequence[Sequence[int]], dtype: torch.dtype) -> tuple[torch.T
     offsets[1:] = torch.cumsum(lengths, 0)
     flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int64).to(dtype)
     return flat, offsets
+
+
+def _mask_runs(mask: Sequence[int]) -> list[int]:
+    """[start0, end0, start1, end1, ...] of the runs of ones in a 0/1 mask."""
+    bounds: list[int] = []
+    prev = 0
+    for i, m in enumerate(list(mask) + [0]):
+        if m != prev:
+            bounds.append(i)
+            prev = m
+    return bounds
+
+
+def _mask_from_runs(bounds: Sequence[int], length: int) -> list[int]:
+    mask = [0] * length
+    for a, b in zip(bounds[0::2], bounds[1::2]):
+        mask[a:b] = [1] * (b - a)
+    return mask
 
 
 def _unflatten(flat: torch.Tensor, offsets: torch.Tensor) -> list[list[int]]:

@@ -1,0 +1,164 @@
+"""Command line: `python -m fasteagle {generate,train,bench} ...`. User errors print one line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fasteagle.errors import FastEagleError
+
+DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
+
+
+def _add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="HF model id or local dir (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on GPU)")
+
+
+def _add_method_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", default=None, help=f"FastEagle drafter directory (default: {DEFAULT_DRAFTER.name})")
+    p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
+    p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def make_drafter(method: str, target, args):
+    """The drafter object for a method name (None for vanilla)."""
+    if method == "vanilla":
+        return None
+    if method == "lookup":
+        from fasteagle.lookup import LookupDrafter
+
+        return LookupDrafter()
+    if method == "fasteagle":
+        from fasteagle.drafter import CascadedDrafter
+
+        path = Path(args.drafter) if getattr(args, "drafter", None) else DEFAULT_DRAFTER
+        d = CascadedDrafter.load(path, target.model)
+        ks = [int(x) for x in str(args.tree_k).split(",")]
+        d.tree_k = ks[0] if len(ks) == 1 else ks
+        d.tree_budget = args.tree_budget
+        return d
+    raise FastEagleError(f"unknown method {method!r}; choose vanilla, lookup or fasteagle")
+
+
+def cmd_generate(args) -> int:
+    from fasteagle.generate import chat_prompt_ids, generate
+    from fasteagle.target import load_target
+    from fasteagle.verify import SamplingParams
+
+    target = load_target(args.target, args.device, args.dtype)
+    drafter = make_drafter(args.method, target, args)
+    ids = chat_prompt_ids(target, args.prompt)
+    sampling = SamplingParams(args.temperature, args.top_p)
+    last = None
+    for tr in generate(target, ids, drafter=drafter, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                       seed=args.seed):
+        if args.show_steps and tr.step > 0:
+            size = len(tr.tree["tokens"]) if tr.tree else 1
+            words = target.tokenizer.convert_ids_to_tokens(tr.tokens)
+            print(f"[step {tr.step:3d}] tree {size:3d} nodes, accepted {len(tr.tokens) - 1} + bonus: {words}",
+                  file=sys.stderr)
+        sys.stdout.write(tr.text)
+        sys.stdout.flush()
+        last = tr
+    total_ms = 0
+    print()
+    if last is not None:
+        print(f"-- {last.generated} tokens, {last.forwards} target forwards, tau {last.tau:.2f}, "
+              f"finished: {last.finished}", file=sys.stderr)
+    return 0 if total_ms == 0 else 0
+
+
+def cmd_train(args) -> int:
+    from fasteagle.train.trainer import TrainConfig, train
+
+    fields = TrainConfig.__dataclass_fields__
+    overrides = json.loads(Path(args.config).read_text()) if args.config else {}
+    cfg = TrainConfig(out=args.out, **{k: v for k, v in overrides.items() if k in fields})
+    for k in fields:
+        v = getattr(args, k, None)
+        if v is not None and k != "out":
+            setattr(cfg, k, v)
+    train(cfg)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from fasteagle.bench import compare, load_prompts
+    from fasteagle.target import load_target
+    from fasteagle.verify import SamplingParams
+
+    target = load_target(args.target, args.device, args.dtype)
+    names = args.methods.split(",")
+    if "vanilla" not in names:
+        names.insert(0, "vanilla")
+    methods = {m: make_drafter(m, target, args) for m in names}
+    prompts = [p for f in args.prompts.split(",") for p in load_prompts(f, args.limit)]
+    result = compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
+                     args.seed)
+    text = json.dumps({"device": str(target.device), "target": target.name, "methods": result}, indent=2)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fasteagle", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="decode one prompt, streaming the reply")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--method", default="vanilla", choices=["vanilla", "lookup", "fasteagle"])
+    g.add_argument("--show-steps", action="store_true", help="print each step's tree size and accepted tokens")
+    _add_target_args(g)
+    _add_method_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    t = sub.add_parser("train", help="train a FastEagle drafter for a target")
+    t.add_argument("--out", required=True, help="output directory for the drafter")
+    t.add_argument("--config", default=None, help="JSON file of TrainConfig fields")
+    _add_target_args(t)
+    t.add_argument("--data", default=None, help="saved token dataset (default: tokenize ShareGPT)")
+    t.add_argument("--holdout-data", dest="holdout_data", default=None)
+    t.add_argument("--distill", action="store_true", default=None, help="regenerate replies with the target")
+    t.add_argument("--distill-minutes", dest="distill_minutes", type=float, default=None)
+    t.add_argument("--distill-batch", dest="distill_batch", type=int, default=None)
+    t.add_argument("--features", choices=["online", "cache"], default=None)
+    t.add_argument("--num-layers", dest="num_layers", type=int, default=None)
+    t.add_argument("--intermediate", type=int, default=None)
+    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=None)
+    t.add_argument("--epochs", type=float, default=None)
+    t.add_argument("--max-steps", dest="max_steps", type=int, default=None)
+    t.add_argument("--minutes", type=float, default=None, help="stop training after this wall time")
+    t.add_argument("--limit", type=int, default=None, help="at most this many training conversations")
+    t.set_defaults(func=cmd_train)
+
+    b = sub.add_parser("bench", help="compare decoding methods on a prompt set")
+    b.add_argument("--prompts", required=True, help="JSON-lines prompt file(s), comma separated")
+    b.add_argument("--methods", default="vanilla,lookup,fasteagle")
+    b.add_argument("--limit", type=int, default=None, help="prompts per file")
+    b.add_argument("--out", default=None)
+    _add_target_args(b)
+    _add_method_args(b)
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FastEagleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,296 @@
+"""FastEagle's cascaded drafter: N small decoder layers in series, one draft depth per layer.
+
+    g_t   = concat(target hidden states of a low, a middle and a high layer at position t)
+    h_1   = L1(FC(concat(g_t, embed(x_{t+1}))))        h_i = L_i(h_{i-1})
+    p_i   = softmax(lm_head(norm_i(h_i)))   ->  the token at position t+1+i
+
+One forward yields every depth's distribution (an EAGLE-style drafter needs one forward per
+depth). Each layer is a stock `LlamaDecoderLayer` attending causally over the accepted prefix with
+its own KV cache; the embedding and LM head are the target's own, frozen, and not saved here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from fasteagle.errors import FastEagleError
+from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
+from fasteagle.tree import DraftTree, backbone
+
+
+@dataclass
+class DrafterConfig:
+    target: str  # the target's name, for messages
+    target_hidden: int
+    vocab_size: int
+    feature_layers: list[int]  # indices into the target's hidden_states (0 = embeddings)
+    num_layers: int = 6  # N: draft depths
+    width: int = 0  # layer width (0: the target's hidden size)
+    intermediate: int = 0  # MLP width (0: the target's)
+    num_heads: int = 0  # (0: the target's)
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_positions: int = 8192
+    loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
+    fingerprint: list[float] = field(default_factory=list)
+    kind: str = "fasteagle"
+
+    @classmethod
+    def for_target(cls, model: nn.Module, name: str, **overrides) -> "DrafterConfig":
+        c = model.config
+        n = c.num_hidden_layers
+        rope = getattr(c, "rope_parameters", None) or {}
+        cfg = cls(
+            target=name, target_hidden=c.hidden_size, vocab_size=c.vocab_size,
+            feature_layers=[2, n // 2, n - 3],  # EAGLE-3's low / mid / high choice
+            width=c.hidden_size, intermediate=c.intermediate_size, num_heads=c.num_attention_heads,
+            num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
+            rms_norm_eps=c.rms_norm_eps, max_positions=c.max_position_embeddings,
+            fingerprint=target_fingerprint(model),
+        )
+        for k, v in overrides.items():
+            if v is not None:
+                setattr(cfg, k, v)
+        return cfg
+
+    def layer_config(self) -> LlamaConfig:
+        lc = LlamaConfig(
+            hidden_size=self.width, intermediate_size=self.intermediate, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, num_hidden_layers=self.num_layers,
+            rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_positions, vocab_size=self.vocab_size,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+        )
+        lc._attn_implementation = "sdpa"
+        return lc
+
+
+def target_fingerprint(model: nn.Module) -> list[float]:
+    """Norms of 16 fixed rows of the input embedding and the LM head: stable across dtypes and
+    devices, different for any other model (compared with a relative tolerance)."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    rows = torch.linspace(0, emb.shape[0] - 1, 8).long()
+    return [round(float(w[r].float().norm()), 4) for w in (emb, head) for r in rows]
+
+
+class CascadedDrafter(nn.Module):
+    """The drafter network, and (with `attach`) a drafter for the generation loop."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        lc = cfg.layer_config()
+        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden + cfg.target_hidden, cfg.width, bias=False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(lc, i) for i in range(cfg.num_layers))
+        self.norms = nn.ModuleList(LlamaRMSNorm(cfg.width, eps=cfg.rms_norm_eps) for _ in range(cfg.num_layers))
+        self.proj = nn.Linear(cfg.width, cfg.target_hidden, bias=False) if cfg.width != cfg.target_hidden else None
+        self.rotary = LlamaRotaryEmbedding(lc)
+        self._frozen: tuple[nn.Module, nn.Module] | None = None  # target's (embedding, lm_head), not ours
+        self.feature_layers = tuple(cfg.feature_layers)
+        self.tree_k: list[int] | int = 10  # top-k per depth (an int, or one per depth)
+        self.tree_budget = 60
+        self.cache: KVCache | None = None
+        self.last: torch.Tensor | None = None
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+
+    @torch.no_grad()
+    def init_from_target(self, target_model: nn.Module) -> "CascadedDrafter":
+        """Start each layer from one of the target's top layers (MLP channels cut to our width):
+        a pretrained starting point trains far faster than random weights."""
+        src = target_model.model.layers[-self.cfg.num_layers:]
+        if self.cfg.width != self.cfg.target_hidden:
+            return self
+        for mine, theirs in zip(self.layers, src):
+            for name, p in mine.named_parameters():
+                q = dict(theirs.named_parameters())[name]
+                if name.endswith(("gate_proj.weight", "up_proj.weight")):
+                    q = q[: p.shape[0]]
+                elif name.endswith("down_proj.weight"):
+                    q = q[:, : p.shape[1]]
+                if q.shape == p.shape:
+                    p.copy_(q.to(p.dtype))
+        for norm in self.norms:
+            norm.weight.copy_(target_model.model.norm.weight.to(norm.weight.dtype))
+        return self
+
+    # -- network --------------------------------------------------------------------------------
+    def attach(self, target_model: nn.Module, check: bool = True) -> "CascadedDrafter":
+        """Borrow the target's frozen embedding and LM head (refusing a different target)."""
+        if check:
+            check_fingerprint(self.cfg, target_model)
+        self._frozen = (target_model.get_input_embeddings(), target_model.get_output_embeddings())
+        return self
+
+    def hidden(self, feats: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
+               mask: torch.Tensor | None = None, cache: KVCache | None = None) -> list[torch.Tensor]:
+        """Outputs of every layer, (B, L, width) each. mask=None means plain causal attention."""
+        embed = self._frozen[0](next_ids).to(feats.dtype)
+        x = self.fc(torch.cat([feats, embed], -1))
+        pe = self.rotary(x, position_ids)
+        outs = []
+        for layer in self.layers:
+            x = layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                      use_cache=cache is not None, position_embeddings=pe)
+            x = x[0] if isinstance(x, tuple) else x
+            outs.append(x)
+        return outs
+
+    def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
+        """Logits of depth `depth` (1-based) from that layer's output."""
+        z = self.norms[depth - 1](h)
+        if self.proj is not None:
+            z = self.proj(z)
+        lm_head = self._frozen[1]
+        return lm_head(z.to(lm_head.weight.dtype))
+
+    def forward(self, *args, **kwargs):
+        """Training entry point (so that wrappers such as DDP see the call): the layer-wise loss."""
+        return self.loss(*args, **kwargs)
+
+    def loss(self, feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+             teacher_ids: torch.Tensor, teacher_probs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Layer-wise supervision on whole sequences (B, L).
+
+        Position t pairs feats[t] with token t+1; layer i there predicts token t+1+i, whose target
+        distribution is the teacher's top-k at position t+i, counted only where loss_mask[t+1+i].
+        """
+        b, L = input_ids.shape
+        pos = torch.arange(L - 1, device=input_ids.device)[None].expand(b, -1)
+        outs = self.hidden(feats[:, :-1], input_ids[:, 1:], pos)
+        total, stats = 0.0, {}
+        for i, h in enumerate(outs, start=1):
+            n = L - 1 - i  # positions t with a token t+1+i
+            if n <= 0:
+                break
+            logp = F.log_softmax(self.head(h[:, :n], i).float(), -1)
+            t_ids, t_p = teacher_ids[:, i:i + n], teacher_probs[:, i:i + n].float()
+            t_p = t_p / t_p.sum(-1, keepdim=True).clamp_min(1e-9)
+            m = loss_mask[:, i + 1:i + 1 + n].float()
+            ce = -(t_p * logp.gather(-1, t_ids.long())).sum(-1)
+            denom = m.sum().clamp_min(1.0)
+            layer_loss = (ce * m).sum() / denom
+            total = total + self.cfg.loss_decay ** (i - 1) * layer_loss
+            with torch.no_grad():
+                hit = (logp.argmax(-1) == t_ids[..., 0]).float()
+                stats[f"acc{i}"] = float((hit * m).sum() / denom)
+                stats[f"loss{i}"] = float(layer_loss)
+        return total, stats
+
+    # -- drafter protocol -----------------------------------------------------------------------
+    def reset(self, capacity: int = 4096) -> None:
+        if self.cache is None or self.cache.capacity < capacity:
+            self.cache = KVCache(self.cfg.num_layers, capacity)
+        self.cache.reset()
+        self.last = None
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
+        """Feed newly accepted positions through all N layers; keep each layer's last output."""
+        n = tokens.numel()
+        nxt = torch.cat([tokens[1:], tokens.new_tensor([next_token])])
+        past = self.cache.length
+        self.cache.reserve(n)
+        pos = torch.arange(past, past + n, device=tokens.device)[None]
+        dtype = self.fc.weight.dtype
+        mask = attention_mask(causal_ancestors(n, tokens.device), past, dtype)
+        outs = self.hidden(features[None].to(dtype), nxt[None], pos, mask, self.cache)
+        self.last = torch.stack([o[0, -1] for o in outs])  # (N, width)
+
+    @torch.no_grad()
+    def depth_probs(self) -> torch.Tensor:
+        """(N, V) draft distributions for depths 1..N from the last extend."""
+        logits = torch.stack([self.head(self.last[i], i + 1) for i in range(self.cfg.num_layers)])
+        return torch.softmax(logits.float(), -1)
+
+    @torch.no_grad()
+    def draft(self, root: int) -> DraftTree:
+        probs = self.depth_probs()
+        ks = self.tree_k if isinstance(self.tree_k, int) else list(self.tree_k) + [1] * self.cfg.num_layers
+        kmax = ks if isinstance(ks, int) else max(ks[: self.cfg.num_layers])
+        top_p, top_i = probs.topk(kmax, -1)
+        return backbone(root, top_i, top_p, ks if isinstance(ks, int) else ks[: self.cfg.num_layers],
+                        self.tree_budget)
+
+    # -- files ----------------------------------------------------------------------------------
+    def save(self, out: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16,
+             shard_mb: float | None = None) -> None:
+        """Write config.json and model.safetensors (or model-00000.safetensors... shards of at most
+        `shard_mb` MB each, for transports with a per-file limit)."""
+        from safetensors.torch import save_file
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("model*.safetensors"):
+            old.unlink()
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        shards, cur, size = [], {}, 0
+        for k, v in state.items():
+            nbytes = v.numel() * v.element_size()
+            if shard_mb and cur and size + nbytes > shard_mb * 2**20:
+                shards.append(cur)
+                cur, size = {}, 0
+            cur[k], size = v, size + nbytes
+        shards.append(cur)
+        for i, shard in enumerate(shards):
+            save_file(shard, out / ("model.safetensors" if len(shards) == 1 else f"model-{i:05d}.safetensors"))
+        (out / "config.json").write_text(json.dumps(asdict(self.cfg) | (extra or {}), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path, target_model: nn.Module | None = None) -> "CascadedDrafter":
+        """Load from a directory; with `target_model`, attach to it (refusing a mismatch)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        files = sorted(path.glob("model*.safetensors"))
+        if not (path / "config.json").exists() or not files:
+            raise FastEagleError(f"no drafter at {path}: expected config.json and model.safetensors")
+        raw = json.loads((path / "config.json").read_text())
+        names = DrafterConfig.__dataclass_fields__
+        cfg = DrafterConfig(**{k: v for k, v in raw.items() if k in names})
+        if cfg.kind != "fasteagle":
+            raise FastEagleError(f"{path} holds a {cfg.kind!r} drafter, not a FastEagle one")
+        drafter = cls(cfg)
+        state = {k: v.float() for f in files for k, v in load_file(f).items()}
+        drafter.load_state_dict(state)
+        drafter.info = raw
+        if target_model is not None:
+            drafter.attach(target_model)
+            p = next(target_model.parameters())
+            drafter.to(p.device, p.dtype).eval()
+        return drafter
+
+
+def check_fingerprint(cfg: DrafterConfig, target_model: nn.Module) -> None:
+    c = target_model.config
+    if c.hidden_size != cfg.target_hidden or c.vocab_size != cfg.vocab_size:
+        raise FastEagleError(
+            f"this drafter was trained for {cfg.target} (hidden {cfg.target_hidden}, vocab {cfg.vocab_size}); "
+            f"the loaded target has hidden {c.hidden_size}, vocab {c.vocab_size}"
+        )
+    if c.num_hidden_layers + 1 <= max(cfg.feature_layers):
+        raise FastEagleError(f"this drafter reads target layer {max(cfg.feature_layers)}, the target has fewer")
+    if cfg.fingerprint:
+        got = torch.tensor(target_fingerprint(target_model))
+        want = torch.tensor(cfg.fingerprint)
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=2e-2, atol=1e-3):
+            raise FastEagleError(
+                f"this drafter was trained for {cfg.target}, and the loaded target's embedding/LM-head "
+                "weights differ: load the matching target or train a drafter for this one"
+            )

@@ -1,0 +1,240 @@
+"""Train a FastEagle drafter for a target: data -> (self-distillation) -> teacher -> layer-wise
+training on `accelerate` (CPU, one GPU, or `accelerate launch` for several) -> holdout evaluation.
+
+Read top to bottom: `train()` is the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.train.teacher import Batch, cache_features, length_batches, load_shard, pad_batch, self_distill, teach
+
+
+@dataclass
+class TrainConfig:
+    out: str
+    target: str | None = None
+    data: str | None = None  # a saved token dataset (fasteagle.train.data); None: build from ShareGPT
+    holdout_data: str | None = None
+    max_len: int = 1024
+    limit: int | None = None  # use at most this many training conversations
+    distill: bool = False  # regenerate replies with the target first
+    distill_max_new: int = 256
+    distill_batch: int = 128
+    distill_minutes: float | None = None
+    features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
+    feature_dir: str | None = None
+    num_layers: int = 6
+    intermediate: int = 768
+    loss_decay: float = 0.8
+    topk: int = 16
+    lr: float = 5e-4
+    warmup: int = 100
+    weight_decay: float = 0.0
+    clip: float = 0.5
+    batch_tokens: int = 8192
+    epochs: float = 1.0
+    max_steps: int | None = None
+    minutes: float | None = None  # stop training after this wall time
+    init_from_target: bool = True
+    checkpoint_every: int = 500
+    seed: int = 0
+    device: str | None = None
+    dtype: str | None = None
+    eval_sequences: int = 200
+
+
+def train(cfg: TrainConfig) -> Path:
+    from accelerate import Accelerator
+
+    from fasteagle.target import load_target
+    from fasteagle.train import data as data_mod
+
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    accel = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() and cfg.device != "cpu" else "no",
+                        cpu=cfg.device == "cpu")
+    target = load_target(cfg.target, device=accel.device, dtype=cfg.dtype)
+    model, tok = target.model, target.tokenizer
+    t_start = time.monotonic()
+
+    # 1. data
+    train_data = data_mod.load_token_dataset(cfg.data) if cfg.data else \
+        data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit)
+    if cfg.limit:
+        train_data = {k: v[: cfg.limit] for k, v in train_data.items()}
+    if cfg.distill:
+        budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
+        prompts = [p[-512:] for p in train_data["prompt_ids"]]
+        train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget, seed=cfg.seed)
+        data_mod.save_token_dataset(train_data | {"prompt_ids": [], "ids": []}, out / "distilled.pt")
+    holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
+    if holdout is not None and cfg.distill:  # evaluate on what the target itself says (greedy)
+        holdout = self_distill(model, tok, [p[-512:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
+                               cfg.distill_max_new, cfg.distill_batch, sample_every=0)
+    n_tokens = sum(len(s) for s in train_data["input_ids"])
+    accel.print(f"training sequences: {len(train_data['input_ids'])}, tokens: {n_tokens}")
+
+    # 2. drafter
+    dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
+                                    loss_decay=cfg.loss_decay)
+    drafter = CascadedDrafter(dcfg).attach(model)
+    if cfg.init_from_target:
+        drafter.init_from_target(model)
+    feature_layers = dcfg.feature_layers
+
+    # 3. batches: online teacher, or fp16 shards computed once
+    if cfg.features == "cache":
+        fdir = cache_features(model, train_data, cfg.feature_dir or out / "features", feature_layers,
+                              cfg.batch_tokens, cfg.topk)
+        shards = sorted(Path(fdir).glob("shard-*.pt"))
+        n_batches = len(shards)
+    else:
+        groups = length_batches([len(s) for s in train_data["input_ids"]], cfg.batch_tokens, shuffle_seed=cfg.seed)
+        n_batches = len(groups)
+
+    def batches(epoch: int):
+        order = torch.randperm(n_batches, generator=torch.Generator().manual_seed(cfg.seed + epoch)).tolist()
+        for b in order:
+            if cfg.features == "cache":
+                yield load_shard(shards[b]).to(accel.device)
+                continue
+            idx = groups[b]
+            ids, mask = pad_batch([train_data["input_ids"][i][: cfg.max_len] for i in idx],
+                                  [train_data["loss_mask"][i][: cfg.max_len] for i in idx])
+            ids = ids.to(accel.device)
+            feats, t_ids, t_p = teach(model, ids, feature_layers, cfg.topk)
+            yield Batch(ids, mask.to(accel.device), feats, t_ids, t_p)
+
+    total_steps = cfg.max_steps or max(1, int(cfg.epochs * n_batches))
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 *
+                                              (1 + math.cos(math.pi * min(1.0, s / total_steps))))
+    drafter, opt, sched = accel.prepare(drafter, opt, sched)
+    raw = accel.unwrap_model(drafter)
+
+    # 4. resume
+    step = 0
+    ckpt = out / "checkpoint"
+    if (ckpt / "state.json").exists():
+        accel.load_state(str(ckpt))
+        step = json.loads((ckpt / "state.json").read_text())["step"]
+        accel.print(f"resumed at step {step}")
+
+    # 5. train
+    history = []
+    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accel.is_main_process)
+    t_train = time.monotonic()
+    epoch, done = 0, step >= total_steps
+    while not done:
+        for batch in batches(epoch):
+            with accel.autocast():  # through forward(), so that DDP syncs gradients
+                loss, stats = drafter(batch.feats, batch.input_ids, batch.loss_mask, batch.teacher_ids,
+                                      batch.teacher_probs)
+            accel.backward(loss)
+            accel.clip_grad_norm_(drafter.parameters(), cfg.clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            if step % 10 == 0:
+                history.append({"step": step, "loss": float(loss)} | stats)
+                bar.set_postfix(loss=f"{float(loss):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
+            if step % cfg.checkpoint_every == 0:
+                accel.save_state(str(ckpt))
+                (ckpt / "state.json").write_text(json.dumps({"step": step}))
+            out_of_time = cfg.minutes and time.monotonic() - t_train > cfg.minutes * 60
+            if step >= total_steps or out_of_time:
+                done = True
+                break
+        epoch += 1
+    bar.close()
+    train_minutes = (time.monotonic() - t_train) / 60
+
+    # 6. evaluate and save
+    metrics = {}
+    if holdout is not None:
+        metrics = evaluate(raw, model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k)
+        accel.print(json.dumps(metrics, indent=1))
+    if accel.is_main_process:
+        info = {"training": asdict(cfg) | {"steps": step, "epochs_done": step / n_batches,
+                                             "train_tokens": n_tokens, "train_minutes": round(train_minutes, 2),
+                                             "total_minutes": round((time.monotonic() - t_start) / 60, 2),
+                                             "device": torch.cuda.get_device_name() if accel.device.type == "cuda"
+                                             else "cpu"},
+                "holdout": metrics}
+        raw.save(out, extra=info, shard_mb=15)
+        (out / "history.json").write_text(json.dumps(history))
+        (out / "eval.json").write_text(json.dumps(metrics, indent=2))
+    return out
+
+
+@torch.no_grad()
+def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, k: int | list[int] = 10) -> dict:
+    """Teacher-forced holdout metrics: per-depth top-1 agreement with the target's argmax, and the
+    expected accepted length of the greedy backbone tree (spine top-1, side leaves top-k) per
+    position, assuming the sequence is what the target itself would say (self-distilled text).
+    """
+    drafter.eval()
+    dev = next(model.parameters()).device
+    N = drafter.cfg.num_layers
+    ks = [k] * N if isinstance(k, int) else (list(k) + [1] * N)[:N]
+    spine_hits = torch.zeros(N)
+    leaf_hits = torch.zeros(N)
+    counted = 0
+    taus = []
+    for i in tqdm(range(min(n, len(data["input_ids"]))), desc="evaluate"):
+        ids = torch.tensor(data["input_ids"][i][:max_len], device=dev)[None]
+        mask = torch.tensor(data["loss_mask"][i][:max_len], device=dev)[None].bool()
+        L = ids.shape[1]
+        if L < N + 3:
+            continue
+        feats, t_ids, _ = teach(model, ids, drafter.cfg.feature_layers, 1)
+        target_top1 = t_ids[0, :, 0]  # target's argmax at each position
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            outs = drafter.hidden(feats[:, :-1].to(drafter.fc.weight.dtype), ids[:, 1:],
+                                  torch.arange(L - 1, device=dev)[None])
+        T = L - 1 - N  # start positions with every depth defined
+        spine = torch.zeros(N, T, dtype=torch.bool, device=dev)
+        leaf = torch.zeros(N, T, dtype=torch.bool, device=dev)
+        for d in range(1, N + 1):
+            logits = drafter.head(outs[d - 1][0, :T], d).float()
+            want = target_top1[d:d + T]
+            spine[d - 1] = logits.argmax(-1) == want
+            leaf[d - 1] = (logits.topk(ks[d - 1], -1).indices == want[:, None]).any(-1)
+        valid = mask[0, 1:1 + T] & mask[0, N:N + T]  # the drafted span lies inside the reply
+        if not bool(valid.any()):
+            continue
+        # accepted drafts = leading spine hits, plus one if a side leaf catches the first miss
+        run = torch.cumprod(spine.int(), 0)  # (N, T): 1 while every depth so far matched
+        lead = run.sum(0)
+        miss = lead.clamp(max=N - 1)
+        extra = (lead < N) & leaf[miss, torch.arange(T, device=dev)]
+        acc_len = lead + extra.int()
+        taus.append((acc_len[valid] + 1).float().cpu())
+        reach = torch.cat([torch.ones(1, T, dtype=torch.int, device=dev), run[:-1]])  # depth d reached via spine
+        spine_hits += (spine & reach.bool() & valid).sum(1).cpu().float()
+        leaf_hits += (leaf & reach.bool() & valid).sum(1).cpu().float()
+        counted += int(valid.sum())
+    drafter.train()
+    tau = torch.cat(taus) if taus else torch.zeros(1)
+    return {
+        "positions": counted,
+        "tau_backbone": round(float(tau.mean()), 3),
+        "depth_top1_given_spine": [round(float(spine_hits[d] / max(1, counted if d == 0 else spine_hits[d - 1])), 3)
+                                   for d in range(N)],
+        "depth_topk_given_spine": [round(float(leaf_hits[d] / max(1, counted if d == 0 else spine_hits[d - 1])), 3)
+                                   for d in range(N)],
+        "tree_k": ks,
+    }
