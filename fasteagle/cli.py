@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", default=None, help="saved token dataset (default: tokenize ShareGPT)")
     t.add_argument("--holdout-data", dest="holdout_data", default=None)
     t.add_argument("--distill", action="store_true", default=None, help="regenerate replies with the target")
+    t.add_argument("--distill-only", dest="distill_only", action="store_true", default=None,
+                   help="write the distilled datasets and stop (train later with --data)")
+    t.add_argument("--distill-max-new", dest="distill_max_new", type=int, default=None)
+    t.add_argument("--eval-sequences", dest="eval_sequences", type=int, default=None)
+    t.add_argument("--warmup", type=int, default=None)
     t.add_argument("--distill-minutes", dest="distill_minutes", type=float, default=None)
     t.add_argument("--distill-batch", dest="distill_batch", type=int, default=None)
     t.add_argument("--features", choices=["online", "cache"], default=None)

@@ -92,12 +92,16 @@ def self_distill(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
                  time_budget_s: float | None = None, sample_every: int = 4, seed: int = 0) -> dict:
     """Regenerate replies to `prompts` with the target (batched, left-padded). Every
     `sample_every`-th batch is sampled (temperature 0.7) so the drafter also sees non-greedy text.
-    Returns a token dataset {input_ids, loss_mask} with the loss on the reply only."""
+    Prompts are shuffled (seeded) then length-sorted within windows of 8 batches, so a time budget
+    cuts a random subset rather than only the shortest prompts, while padding stays small.
+    Returns a token dataset (`fasteagle.train.data` layout) with the loss on the reply only."""
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    perm = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
+    window = batch_size * 8
+    order = [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lambda i: len(prompts[i]))]
     torch.manual_seed(seed)
-    out_ids, out_mask, t0 = [], [], time.monotonic()
+    out_ids, out_mask, out_prompt, out_src, t0 = [], [], [], [], time.monotonic()
     for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill")):
         if time_budget_s and time.monotonic() - t0 > time_budget_s:
             break
@@ -123,7 +127,9 @@ def self_distill(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
                 continue
             out_ids.append(list(prompts[i]) + reply)
             out_mask.append([0] * len(prompts[i]) + [1] * len(reply))
-    return {"input_ids": out_ids, "loss_mask": out_mask}
+            out_prompt.append(list(prompts[i]))
+            out_src.append(str(i))
+    return {"input_ids": out_ids, "loss_mask": out_mask, "prompt_ids": out_prompt, "ids": out_src}
 
 
 def _as_list(x) -> list:

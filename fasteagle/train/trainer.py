@@ -31,6 +31,7 @@ class TrainConfig:
     distill_max_new: int = 256
     distill_batch: int = 128
     distill_minutes: float | None = None
+    distill_only: bool = False  # stop after writing distilled.pt / holdout_distilled.pt
     features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
     feature_dir: str | None = None
     num_layers: int = 6
@@ -77,11 +78,16 @@ def train(cfg: TrainConfig) -> Path:
         budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
         prompts = [p[-512:] for p in train_data["prompt_ids"]]
         train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget, seed=cfg.seed)
-        data_mod.save_token_dataset(train_data | {"prompt_ids": [], "ids": []}, out / "distilled.pt")
+        data_mod.save_token_dataset(train_data, out / "distilled.pt")
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
     if holdout is not None and cfg.distill:  # evaluate on what the target itself says (greedy)
         holdout = self_distill(model, tok, [p[-512:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
                                cfg.distill_max_new, cfg.distill_batch, sample_every=0)
+        data_mod.save_token_dataset(holdout, out / "holdout_distilled.pt")
+    if cfg.distill_only:
+        accel.print(f"distilled {len(train_data['input_ids'])} train and "
+                    f"{len(holdout['input_ids']) if holdout else 0} holdout sequences into {out}")
+        return out
     n_tokens = sum(len(s) for s in train_data["input_ids"])
     accel.print(f"training sequences: {len(train_data['input_ids'])}, tokens: {n_tokens}")
 
@@ -118,9 +124,7 @@ def train(cfg: TrainConfig) -> Path:
 
     total_steps = cfg.max_steps or max(1, int(cfg.epochs * n_batches))
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 *
-                                              (1 + math.cos(math.pi * min(1.0, s / total_steps))))
-    drafter, opt, sched = accel.prepare(drafter, opt, sched)
+    drafter, opt = accel.prepare(drafter, opt)
     raw = accel.unwrap_model(drafter)
 
     # 4. resume
@@ -143,8 +147,9 @@ def train(cfg: TrainConfig) -> Path:
                                       batch.teacher_probs)
             accel.backward(loss)
             accel.clip_grad_norm_(drafter.parameters(), cfg.clip)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(cfg, step, total_steps, time.monotonic() - t_train)
             opt.step()
-            sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
             bar.update(1)
@@ -178,6 +183,15 @@ def train(cfg: TrainConfig) -> Path:
         (out / "history.json").write_text(json.dumps(history))
         (out / "eval.json").write_text(json.dumps(metrics, indent=2))
     return out
+
+
+def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> float:
+    """Linear warmup, then cosine to zero over the run; with a time budget, progress is whichever
+    of steps or wall time is further along, so a timed run still anneals."""
+    progress = step / total_steps
+    if cfg.minutes:
+        progress = max(progress, elapsed_s / (cfg.minutes * 60))
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 @torch.no_grad()
