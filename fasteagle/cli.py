@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--distill-max-new", dest="distill_max_new", type=int, default=None)
     t.add_argument("--eval-sequences", dest="eval_sequences", type=int, default=None)
     t.add_argument("--warmup", type=int, default=None)
+    t.add_argument("--draft-vocab", dest="draft_vocab", type=int, default=None,
+                   help="draft only the N most frequent reply tokens (0: the full vocabulary)")
     t.add_argument("--distill-minutes", dest="distill_minutes", type=float, default=None)
     t.add_argument("--distill-batch", dest="distill_batch", type=int, default=None)
     t.add_argument("--features", choices=["online", "cache"], default=None)

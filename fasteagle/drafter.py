@@ -42,6 +42,7 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-5
     max_positions: int = 8192
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
+    draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)
     kind: str = "fasteagle"
 
@@ -97,6 +98,9 @@ class CascadedDrafter(nn.Module):
         self.norms = nn.ModuleList(LlamaRMSNorm(cfg.width, eps=cfg.rms_norm_eps) for _ in range(cfg.num_layers))
         self.proj = nn.Linear(cfg.width, cfg.target_hidden, bias=False) if cfg.width != cfg.target_hidden else None
         self.rotary = LlamaRotaryEmbedding(lc)
+        # draft index -> target token id; saved with the weights, set by `set_vocab`
+        self.register_buffer("vocab_ids", torch.arange(cfg.draft_vocab or cfg.vocab_size))
+        self._head_w: torch.Tensor | None = None  # the target LM head's rows for vocab_ids
         self._frozen: tuple[nn.Module, nn.Module] | None = None  # target's (embedding, lm_head), not ours
         self.feature_layers = tuple(cfg.feature_layers)
         self.tree_k: list[int] | int = 10  # top-k per depth (an int, or one per depth)
@@ -130,13 +134,38 @@ class CascadedDrafter(nn.Module):
             norm.weight.copy_(target_model.model.norm.weight.to(norm.weight.dtype))
         return self
 
+    @torch.no_grad()
+    def set_vocab(self, token_counts: torch.Tensor) -> "CascadedDrafter":
+        """Keep the `draft_vocab` most frequent tokens (counts over the training replies): the LM
+        head is the drafter's costliest part, and rare tokens are almost never accepted anyway."""
+        keep = token_counts.float().topk(self.vocab_ids.numel()).indices.sort().values
+        self.vocab_ids.copy_(keep.to(self.vocab_ids.device))
+        self._head_w = None
+        return self
+
+    def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids -> draft indices (-1 where the token is outside the draft vocab)."""
+        table = torch.full((self.cfg.vocab_size,), -1, dtype=torch.long, device=self.vocab_ids.device)
+        table[self.vocab_ids] = torch.arange(self.vocab_ids.numel(), device=self.vocab_ids.device)
+        return table[token_ids.long()]
+
     # -- network --------------------------------------------------------------------------------
     def attach(self, target_model: nn.Module, check: bool = True) -> "CascadedDrafter":
         """Borrow the target's frozen embedding and LM head (refusing a different target)."""
         if check:
             check_fingerprint(self.cfg, target_model)
         self._frozen = (target_model.get_input_embeddings(), target_model.get_output_embeddings())
+        self._head_w = None
         return self
+
+    def head_weight(self) -> torch.Tensor:
+        """The frozen LM head restricted to the draft vocab (sliced once, not per call)."""
+        w = self._frozen[1].weight
+        if self.vocab_ids.numel() == w.shape[0]:
+            return w
+        if self._head_w is None or self._head_w.device != w.device or self._head_w.dtype != w.dtype:
+            self._head_w = w.detach()[self.vocab_ids.to(w.device)]
+        return self._head_w
 
     def hidden(self, feats: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
                mask: torch.Tensor | None = None, cache: KVCache | None = None) -> list[torch.Tensor]:
@@ -153,12 +182,12 @@ class CascadedDrafter(nn.Module):
         return outs
 
     def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
-        """Logits of depth `depth` (1-based) from that layer's output."""
+        """Logits over the draft vocab of depth `depth` (1-based) from that layer's output."""
         z = self.norms[depth - 1](h)
         if self.proj is not None:
             z = self.proj(z)
-        lm_head = self._frozen[1]
-        return lm_head(z.to(lm_head.weight.dtype))
+        w = self.head_weight()
+        return F.linear(z.to(w.dtype), w)
 
     def forward(self, *args, **kwargs):
         """Training entry point (so that wrappers such as DDP see the call): the layer-wise loss."""
@@ -170,26 +199,29 @@ class CascadedDrafter(nn.Module):
 
         Position t pairs feats[t] with token t+1; layer i there predicts token t+1+i, whose target
         distribution is the teacher's top-k at position t+i, counted only where loss_mask[t+1+i].
+        The LM head runs only on the counted positions (prompts cost attention, not vocabulary).
+        Teacher tokens outside the draft vocab carry no loss; acc{i} counts them as misses.
         """
         b, L = input_ids.shape
         pos = torch.arange(L - 1, device=input_ids.device)[None].expand(b, -1)
-        outs = self.hidden(feats[:, :-1], input_ids[:, 1:], pos)
+        outs = self.hidden(feats[:, :-1].to(self.fc.weight.dtype), input_ids[:, 1:], pos)
         total, stats = 0.0, {}
         for i, h in enumerate(outs, start=1):
             n = L - 1 - i  # positions t with a token t+1+i
             if n <= 0:
                 break
-            logp = F.log_softmax(self.head(h[:, :n], i).float(), -1)
-            t_ids, t_p = teacher_ids[:, i:i + n], teacher_probs[:, i:i + n].float()
+            m = loss_mask[:, i + 1:i + 1 + n].bool()
+            if not bool(m.any()):
+                continue
+            logp = F.log_softmax(self.head(h[:, :n][m], i).float(), -1)  # (M, V_draft)
+            d_ids = self.to_draft_ids(teacher_ids[:, i:i + n][m])  # (M, K), -1 outside the vocab
+            t_p = teacher_probs[:, i:i + n][m].float() * (d_ids >= 0)
             t_p = t_p / t_p.sum(-1, keepdim=True).clamp_min(1e-9)
-            m = loss_mask[:, i + 1:i + 1 + n].float()
-            ce = -(t_p * logp.gather(-1, t_ids.long())).sum(-1)
-            denom = m.sum().clamp_min(1.0)
-            layer_loss = (ce * m).sum() / denom
+            ce = -(t_p * logp.gather(-1, d_ids.clamp_min(0))).sum(-1)
+            layer_loss = ce.mean()
             total = total + self.cfg.loss_decay ** (i - 1) * layer_loss
             with torch.no_grad():
-                hit = (logp.argmax(-1) == t_ids[..., 0]).float()
-                stats[f"acc{i}"] = float((hit * m).sum() / denom)
+                stats[f"acc{i}"] = float((logp.argmax(-1) == d_ids[:, 0]).float().mean())
                 stats[f"loss{i}"] = float(layer_loss)
         return total, stats
 
@@ -215,7 +247,8 @@ class CascadedDrafter(nn.Module):
 
     @torch.no_grad()
     def depth_probs(self) -> torch.Tensor:
-        """(N, V) draft distributions for depths 1..N from the last extend."""
+        """(N, V_draft) draft distributions for depths 1..N from the last extend (index with
+        `vocab_ids` for token ids)."""
         logits = torch.stack([self.head(self.last[i], i + 1) for i in range(self.cfg.num_layers)])
         return torch.softmax(logits.float(), -1)
 
@@ -225,6 +258,7 @@ class CascadedDrafter(nn.Module):
         ks = self.tree_k if isinstance(self.tree_k, int) else list(self.tree_k) + [1] * self.cfg.num_layers
         kmax = ks if isinstance(ks, int) else max(ks[: self.cfg.num_layers])
         top_p, top_i = probs.topk(kmax, -1)
+        top_i = self.vocab_ids[top_i]
         return backbone(root, top_i, top_p, ks if isinstance(ks, int) else ks[: self.cfg.num_layers],
                         self.tree_budget)
 
@@ -239,7 +273,8 @@ class CascadedDrafter(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("model*.safetensors"):
             old.unlink()
-        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+                 for k, v in self.state_dict().items()}
         shards, cur, size = [], {}, 0
         for k, v in state.items():
             nbytes = v.numel() * v.element_size()
@@ -267,7 +302,7 @@ class CascadedDrafter(nn.Module):
         if cfg.kind != "fasteagle":
             raise FastEagleError(f"{path} holds a {cfg.kind!r} drafter, not a FastEagle one")
         drafter = cls(cfg)
-        state = {k: v.float() for f in files for k, v in load_file(f).items()}
+        state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in load_file(f).items()}
         drafter.load_state_dict(state)
         drafter.info = raw
         if target_model is not None:

@@ -23,7 +23,7 @@ class Drafter(Protocol):
     """What the loop needs from a drafter.
 
     `feature_layers`: indices into the target's `hidden_states` the drafter wants (empty: none).
-    `reset()`: forget the previous sequence.
+    `reset(capacity)`: forget the previous sequence; at most `capacity` positions will follow.
     `extend(tokens, features, next_token)`: `tokens` just entered the target's KV cache (with the
         target's hidden features at those positions); `next_token` follows them and is the root of
         the next tree.
@@ -32,7 +32,7 @@ class Drafter(Protocol):
 
     feature_layers: tuple[int, ...]
 
-    def reset(self) -> None: ...
+    def reset(self, capacity: int) -> None: ...
 
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None: ...
 
@@ -138,7 +138,7 @@ def generate(
         verify_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         if drafter:
-            drafter.reset()
+            drafter.reset(capacity)
             drafter.extend(ids, feats, root)
         _synchronize(dev)
         draft_ms = (time.perf_counter() - t0) * 1e3

@@ -20,7 +20,7 @@ class LookupDrafter:
         self.history: list[int] = []
         self.device = torch.device("cpu")
 
-    def reset(self) -> None:
+    def reset(self, capacity: int = 0) -> None:
         self.history = []
 
     def extend(self, tokens: torch.Tensor, features, next_token: int) -> None:

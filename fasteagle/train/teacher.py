@@ -134,3 +134,92 @@ def self_distill(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
 
 def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+@torch.no_grad()
+def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | Path, feature_layers: list[int],
+                     max_new_tokens: int = 256, batch_size: int = 32, time_budget_s: float | None = None,
+                     sample_every: int = 4, topk: int = 16, keep_prompt: int = 64, seed: int = 0) -> Path:
+    """Self-distillation that writes the feature cache in the same pass: while the target
+    generates its replies, its hidden states and logits at every position are exactly the teacher
+    signal, so no second target pass is needed (on a CPU that halves the cost of the data).
+
+    Shards hold the last `keep_prompt` prompt tokens plus the reply (the drafter needs some prompt
+    context; the loss is on the reply only). Resumable: batch b goes to shard-b, skipped if present;
+    prompts are shuffled and length-bucketed as in `self_distill`.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stop = set(_as_list(model.generation_config.eos_token_id)) | {tokenizer.eos_token_id}
+    perm = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
+    window = batch_size * 8
+    order = [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lambda i: len(prompts[i]))]
+    t0 = time.monotonic()
+    for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill + features")):
+        path = out / f"shard-{b:05d}.pt"
+        if path.exists():
+            continue
+        if time_budget_s and time.monotonic() - t0 > time_budget_s:
+            break
+        idx = order[start:start + batch_size]
+        L = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), L), pad, dtype=torch.long)
+        att = torch.zeros(len(idx), L, dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, L - len(prompts[i]):] = torch.tensor(prompts[i])
+            att[r, L - len(prompts[i]):] = 1
+        torch.manual_seed(seed + b)
+        sample = bool(sample_every) and b % sample_every == sample_every - 1
+        gen = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens,
+                             do_sample=sample, temperature=0.7 if sample else None, top_p=None, top_k=None,
+                             pad_token_id=pad, output_hidden_states=True, output_logits=True,
+                             return_dict_in_generate=True)
+        n = len(gen.logits)
+        # features at positions 0 .. L+n-2 (the last generated token was never fed back)
+        hs = [torch.cat([gen.hidden_states[0][j]] + [step[j] for step in gen.hidden_states[1:]], 1)
+              for j in feature_layers]
+        feats = torch.cat(hs, -1)  # (B, L+n-1, 3H)
+        p, t_ids = torch.softmax(torch.stack(gen.logits, 1).float(), -1).topk(topk, -1)  # positions L-1..L+n-2
+        rows = []
+        for r, i in enumerate(idx):
+            reply = gen.sequences[r, L:].tolist()
+            end = next((j + 1 for j, t in enumerate(reply) if t in stop), len(reply))
+            if end < 4:
+                continue
+            k = min(keep_prompt, len(prompts[i]))
+            s0 = L - k  # first kept position
+            seq = gen.sequences[r, s0:L + end]
+            f = torch.zeros(len(seq), feats.shape[-1], dtype=torch.float16)
+            f[: len(seq) - 1] = feats[r, s0:L + end - 1].half()  # the last position's feature is unused
+            tp = torch.zeros(len(seq), topk, dtype=torch.float16)
+            ti = torch.zeros(len(seq), topk, dtype=torch.int32)
+            tp[k - 1:k - 1 + end] = p[r, :end].half()  # teacher at the last prompt position onwards
+            ti[k - 1:k - 1 + end] = t_ids[r, :end].int()
+            rows.append((seq, [0] * k + [1] * end, f, ti, tp))
+        if not rows:
+            continue
+        ids_b, mask_b = pad_batch([x[0].tolist() for x in rows], [x[1] for x in rows], pad_id=pad)
+        T = ids_b.shape[1]
+
+        def stack(j: int, width: int, dtype) -> torch.Tensor:
+            t = torch.zeros(len(rows), T, width, dtype=dtype)
+            for r, x in enumerate(rows):
+                t[r, : len(x[j])] = x[j]
+            return t
+
+        tmp = path.with_suffix(".tmp")
+        torch.save({"input_ids": ids_b.int(), "loss_mask": mask_b.bool(), "feats": stack(2, feats.shape[-1], torch.float16),
+                    "teacher_ids": stack(3, topk, torch.int32), "teacher_probs": stack(4, topk, torch.float16)}, tmp)
+        tmp.rename(path)
+    return out
+
+
+def shard_token_counts(shards: list[Path], vocab_size: int) -> torch.Tensor:
+    """How often each token occurs in the replies of the cached shards (for the draft vocab)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for path in shards:
+        d = torch.load(path, weights_only=True)
+        counts += torch.bincount(d["input_ids"][d["loss_mask"]].long(), minlength=vocab_size)
+    return counts

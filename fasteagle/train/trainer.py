@@ -16,7 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
-from fasteagle.train.teacher import Batch, cache_features, length_batches, load_shard, pad_batch, self_distill, teach
+from fasteagle.train.teacher import (Batch, cache_features, distill_features, length_batches, load_shard, pad_batch,
+                                     self_distill, shard_token_counts, teach)
 
 
 @dataclass
@@ -38,6 +39,8 @@ class TrainConfig:
     intermediate: int = 768
     loss_decay: float = 0.8
     topk: int = 16
+    draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens
+    keep_prompt: int = 64  # prompt tokens kept before each reply in distilled feature shards
     lr: float = 5e-4
     warmup: int = 100
     weight_decay: float = 0.0
@@ -69,41 +72,59 @@ def train(cfg: TrainConfig) -> Path:
     model, tok = target.model, target.tokenizer
     t_start = time.monotonic()
 
-    # 1. data
+    dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
+                                    loss_decay=cfg.loss_decay, draft_vocab=cfg.draft_vocab)
+    feature_layers = dcfg.feature_layers
+    fdir = Path(cfg.feature_dir or out / "features")
+
+    # 1. data: ShareGPT (or a saved dataset), optionally rewritten by the target itself
     train_data = data_mod.load_token_dataset(cfg.data) if cfg.data else \
         data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit)
     if cfg.limit:
         train_data = {k: v[: cfg.limit] for k, v in train_data.items()}
-    if cfg.distill:
-        budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
-        prompts = [p[-512:] for p in train_data["prompt_ids"]]
+    budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
+    prompts = [p[-512:] for p in train_data["prompt_ids"]]
+    if cfg.distill and cfg.features == "cache":  # one target pass yields the replies and the features
+        distill_features(model, tok, prompts, fdir, feature_layers, cfg.distill_max_new, cfg.distill_batch, budget,
+                         topk=cfg.topk, keep_prompt=cfg.keep_prompt, seed=cfg.seed)
+        train_data = None
+    elif cfg.distill:
         train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget, seed=cfg.seed)
         data_mod.save_token_dataset(train_data, out / "distilled.pt")
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
     if holdout is not None and cfg.distill:  # evaluate on what the target itself says (greedy)
-        holdout = self_distill(model, tok, [p[-512:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
-                               cfg.distill_max_new, cfg.distill_batch, sample_every=0)
-        data_mod.save_token_dataset(holdout, out / "holdout_distilled.pt")
+        holdout_file = out / "holdout_distilled.pt"
+        if holdout_file.exists():
+            holdout = data_mod.load_token_dataset(holdout_file)
+        else:
+            holdout = self_distill(model, tok, [p[-512:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
+                                   cfg.distill_max_new, cfg.distill_batch, sample_every=0)
+            data_mod.save_token_dataset(holdout, holdout_file)
+    if cfg.features == "cache" and train_data is not None:
+        cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
+    shards = sorted(fdir.glob("shard-*.pt")) if cfg.features == "cache" else []
     if cfg.distill_only:
-        accel.print(f"distilled {len(train_data['input_ids'])} train and "
-                    f"{len(holdout['input_ids']) if holdout else 0} holdout sequences into {out}")
+        accel.print(f"distilled data written to {out} ({len(shards)} feature shards)")
         return out
-    n_tokens = sum(len(s) for s in train_data["input_ids"])
-    accel.print(f"training sequences: {len(train_data['input_ids'])}, tokens: {n_tokens}")
 
-    # 2. drafter
-    dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
-                                    loss_decay=cfg.loss_decay)
+    # 2. drafter, started from the target's top layers, with a draft vocab from reply frequencies
     drafter = CascadedDrafter(dcfg).attach(model)
     if cfg.init_from_target:
         drafter.init_from_target(model)
-    feature_layers = dcfg.feature_layers
+    if shards:
+        counts = shard_token_counts(shards, dcfg.vocab_size)
+    else:
+        counts = torch.bincount(torch.tensor([t for ids, m in zip(train_data["input_ids"], train_data["loss_mask"])
+                                              for t, keep in zip(ids, m) if keep]), minlength=dcfg.vocab_size)
+    n_tokens = int(counts.sum())
+    if cfg.draft_vocab:
+        drafter.set_vocab(counts)
+        accel.print(f"draft vocab covers {float(counts[drafter.vocab_ids.cpu()].sum() / max(1, n_tokens)):.1%} "
+                    "of reply tokens")
+    accel.print(f"training on {n_tokens} reply tokens")
 
-    # 3. batches: online teacher, or fp16 shards computed once
-    if cfg.features == "cache":
-        fdir = cache_features(model, train_data, cfg.feature_dir or out / "features", feature_layers,
-                              cfg.batch_tokens, cfg.topk)
-        shards = sorted(Path(fdir).glob("shard-*.pt"))
+    # 3. batches: online teacher, or the fp16 shards computed once
+    if shards:
         n_batches = len(shards)
     else:
         groups = length_batches([len(s) for s in train_data["input_ids"]], cfg.batch_tokens, shuffle_seed=cfg.seed)
@@ -112,7 +133,7 @@ def train(cfg: TrainConfig) -> Path:
     def batches(epoch: int):
         order = torch.randperm(n_batches, generator=torch.Generator().manual_seed(cfg.seed + epoch)).tolist()
         for b in order:
-            if cfg.features == "cache":
+            if shards:
                 yield load_shard(shards[b]).to(accel.device)
                 continue
             idx = groups[b]
@@ -224,7 +245,7 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         leaf = torch.zeros(N, T, dtype=torch.bool, device=dev)
         for d in range(1, N + 1):
             logits = drafter.head(outs[d - 1][0, :T], d).float()
-            want = target_top1[d:d + T]
+            want = drafter.to_draft_ids(target_top1[d:d + T])  # -1 (never matched) outside the vocab
             spine[d - 1] = logits.argmax(-1) == want
             leaf[d - 1] = (logits.topk(ks[d - 1], -1).indices == want[:, None]).any(-1)
         valid = mask[0, 1:1 + T] & mask[0, N:N + T]  # the drafted span lies inside the reply
