@@ -1,0 +1,114 @@
+"""Test-only drafters implementing the `fasteagle.generate.Drafter` protocol.
+
+`RandomDrafter` drafts seeded random trees (almost nothing gets accepted: exercises rejection).
+`OracleDrafter` is handed the vanilla output in advance and drafts the true continuation with
+some positions corrupted or moved to side leaves (much gets accepted: deep paths, side leaves).
+Both check that the loop calls them as the protocol says (the root of each tree is the token
+passed as `next_token`, and each `extend` starts with that root).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fasteagle.tree import DraftTree, backbone, chain
+
+
+class _ProtocolDrafter:
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, vocab: int, shape: str = "chain", depth: int = 4, k: int | list[int] = 1,
+                 budget: int = 64, seed: int = 0):
+        if shape not in ("chain", "backbone"):
+            raise ValueError(shape)
+        self.vocab, self.shape, self.depth, self.k, self.budget, self.seed = vocab, shape, depth, k, budget, seed
+        self.reset(0)
+
+    def reset(self, capacity: int) -> None:
+        self.gen = torch.Generator().manual_seed(self.seed)
+        self.history: list[int] = []
+        self.next_token: int | None = None
+        self.prompt_len: int | None = None
+        self.trees: list[DraftTree] = []
+
+    def extend(self, tokens: torch.Tensor, features, next_token: int) -> None:
+        assert features is None, "no feature layers were asked for"
+        toks = tokens.tolist()
+        if self.prompt_len is None:
+            self.prompt_len = len(toks)
+        else:  # after a verification: the root entered the cache first, then the accepted path
+            assert toks[0] == self.next_token, (toks, self.next_token)
+        self.history.extend(toks)
+        self.next_token = int(next_token)
+
+    @property
+    def kmax(self) -> int:
+        return self.k if isinstance(self.k, int) else max(self.k)
+
+    def _distinct(self, n: int, exclude: int | None = None) -> torch.Tensor:
+        """n distinct random token ids (never `exclude`)."""
+        perm = torch.randperm(self.vocab, generator=self.gen)
+        if exclude is not None:
+            perm = perm[perm != exclude]
+        return perm[:n]
+
+    def _sorted_probs(self, n_rows: int) -> torch.Tensor:
+        p = torch.softmax(torch.randn(n_rows, self.vocab, generator=self.gen) * 3, -1)
+        return p.sort(-1, descending=True).values[:, : self.kmax]
+
+    def draft(self, root: int) -> DraftTree:
+        assert root == self.next_token, (root, self.next_token)
+        tree = self._draft(root)
+        self.trees.append(tree)
+        return tree
+
+
+class RandomDrafter(_ProtocolDrafter):
+    """Random ids, random probabilities: chains or backbone trees."""
+
+    def _draft(self, root: int) -> DraftTree:
+        if self.shape == "chain":
+            toks = torch.randint(0, self.vocab, (self.depth,), generator=self.gen)
+            return chain(root, toks, torch.rand(self.depth, generator=self.gen))
+        ids = torch.stack([self._distinct(self.kmax) for _ in range(self.depth)])
+        return backbone(root, ids, self._sorted_probs(self.depth), self.k, self.budget)
+
+
+class OracleDrafter(_ProtocolDrafter):
+    """Drafts `reference` (the vanilla output) from the current position.
+
+    Each depth's true token is corrupted with probability `corrupt`; in a backbone tree, with
+    probability `side` it is moved to a random side column instead (so a side leaf can be accepted).
+    """
+
+    def __init__(self, reference: list[int], vocab: int, shape: str = "chain", depth: int = 4,
+                 k: int | list[int] = 1, budget: int = 64, seed: int = 0, corrupt: float = 0.15,
+                 side: float = 0.0):
+        self.reference, self.corrupt, self.side = list(reference), corrupt, side
+        super().__init__(vocab, shape, depth, k, budget, seed)
+
+    def _truth(self, root: int) -> list[int]:
+        g = len(self.history) - self.prompt_len  # index of the root in the generated output
+        cont = self.reference[g + 1: g + 1 + self.depth]
+        pad = torch.randint(0, self.vocab, (self.depth - len(cont),), generator=self.gen).tolist()
+        return cont + pad
+
+    def _wrong(self, tok: int) -> int:
+        return (tok + int(torch.randint(1, self.vocab, (), generator=self.gen))) % self.vocab
+
+    def _draft(self, root: int) -> DraftTree:
+        truth = self._truth(root)
+        if self.shape == "chain":
+            toks = [self._wrong(t) if float(torch.rand((), generator=self.gen)) < self.corrupt else t for t in truth]
+            return chain(root, torch.tensor(toks), torch.rand(self.depth, generator=self.gen))
+        ks = [self.k] * self.depth if isinstance(self.k, int) else list(self.k)
+        rows = []
+        for d, t in enumerate(truth):
+            row = self._distinct(self.kmax, exclude=t)
+            u = float(torch.rand((), generator=self.gen))
+            if u < self.side and ks[d] > 1:
+                row[int(torch.randint(1, ks[d], (), generator=self.gen))] = t
+            elif u >= self.side + self.corrupt:
+                row[0] = t
+            rows.append(row)
+        return backbone(root, torch.stack(rows), self._sorted_probs(self.depth), self.k, self.budget)

@@ -1,0 +1,216 @@
+"""fasteagle.tree: parent pointers -> depths / ancestor masks / position ids, chains, backbone trees."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fasteagle.tree import DraftTree, backbone, chain, make_tree, path_tree, root_only
+
+
+def random_parents(n: int, gen: torch.Generator, max_fanout_bias: float = 0.5) -> torch.Tensor:
+    """Random topologically ordered parent pointers: node i's parent is some j < i."""
+    parents = [-1]
+    for i in range(1, n):
+        if float(torch.rand((), generator=gen)) < max_fanout_bias:
+            parents.append(i - 1)  # deepen
+        else:
+            parents.append(int(torch.randint(0, i, (), generator=gen)))
+    return torch.tensor(parents)
+
+
+def brute_ancestors(parents: list[int]) -> tuple[list[list[bool]], list[int]]:
+    n = len(parents)
+    anc = [[False] * n for _ in range(n)]
+    depths = []
+    for i in range(n):
+        j, d = i, 0
+        anc[i][i] = True
+        while parents[j] >= 0:
+            j = parents[j]
+            anc[i][j] = True
+            d += 1
+        depths.append(d)
+    return anc, depths
+
+
+def assert_same_tree(a: DraftTree, b: DraftTree) -> None:
+    for f in ("tokens", "parents", "depths", "draft_probs", "sources", "ancestors"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype, f
+        assert torch.equal(x, y), f
+
+
+# -- make_tree: depths, ancestors, position ids -------------------------------------------------
+
+def test_make_tree_hand_made():
+    #        0
+    #      / | \
+    #     1  2  3
+    #    / \     \
+    #   4   5     6
+    #   |
+    #   7
+    parents = torch.tensor([-1, 0, 0, 0, 1, 1, 3, 4])
+    tree = make_tree(torch.arange(10, 18), parents)
+    assert tree.depths.tolist() == [0, 1, 1, 1, 2, 2, 2, 3]
+    assert tree.ancestors[7].nonzero().squeeze(1).tolist() == [0, 1, 4, 7]
+    assert tree.ancestors[6].nonzero().squeeze(1).tolist() == [0, 3, 6]
+    assert tree.ancestors[0].nonzero().squeeze(1).tolist() == [0]
+    assert tree.ancestors[:, 0].all()  # everything descends from the root
+    assert tree.position_ids(100).tolist() == [[100, 101, 101, 101, 102, 102, 102, 103]]
+    assert tree.draft_probs.tolist() == [1.0] * 8 and tree.sources.tolist() == tree.depths.tolist()
+    assert tree.size == 8
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_make_tree_matches_brute_force(seed):
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 70, (), generator=gen))
+    parents = random_parents(n, gen, max_fanout_bias=float(torch.rand((), generator=gen)))
+    tree = make_tree(torch.randint(0, 320, (n,), generator=gen), parents)
+    anc, depths = brute_ancestors(parents.tolist())
+    assert tree.ancestors.dtype == torch.bool
+    assert tree.ancestors.tolist() == anc
+    assert tree.depths.tolist() == depths
+    prefix = int(torch.randint(0, 500, (), generator=gen))
+    assert tree.position_ids(prefix).tolist() == [[prefix + d for d in depths]]
+    assert tree.position_ids(prefix).shape == (1, n)
+
+
+def test_position_ids_are_depth_not_index():
+    # a wide tree: node index and depth disagree almost everywhere
+    tree = make_tree(torch.arange(6), torch.tensor([-1, 0, 0, 0, 0, 4]))
+    assert tree.position_ids(7).tolist() == [[7, 8, 8, 8, 8, 9]]
+
+
+def test_root_only():
+    tree = root_only(42)
+    assert tree.tokens.tolist() == [42] and tree.parents.tolist() == [-1] and tree.depths.tolist() == [0]
+    assert tree.ancestors.tolist() == [[True]]
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 300])
+def test_path_tree_equals_make_tree(n):
+    toks = torch.arange(n) + 4
+    probs = torch.rand(n)
+    a = path_tree(toks, probs)
+    b = make_tree(toks, torch.arange(n) - 1, probs, torch.arange(n))
+    assert_same_tree(a, b)
+    assert torch.equal(a.ancestors, torch.ones(n, n, dtype=torch.bool).tril())
+
+
+def test_chain():
+    tree = chain(7, torch.tensor([11, 12, 13]), torch.tensor([0.5, 0.25, 0.125]))
+    assert tree.tokens.tolist() == [7, 11, 12, 13]
+    assert tree.parents.tolist() == [-1, 0, 1, 2]
+    assert tree.depths.tolist() == [0, 1, 2, 3]
+    assert tree.draft_probs.tolist() == [1.0, 0.5, 0.25, 0.125]
+    assert tree.position_ids(5).tolist() == [[5, 6, 7, 8]]
+    assert chain(7, torch.tensor([11])).draft_probs.tolist() == [1.0, 1.0]
+
+
+# -- backbone ---------------------------------------------------------------------------------
+
+def _topk(n_depth: int, kmax: int, seed: int, vocab: int = 320):
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(n_depth, vocab, generator=gen) * 2.5, -1)
+    top_p, top_i = probs.topk(kmax, -1)
+    return top_i, top_p
+
+
+def check_backbone(tree: DraftTree, root: int, ids: torch.Tensor, probs: torch.Tensor, ks, budget: int):
+    n_depth, kmax = ids.shape
+    ks = [ks] * n_depth if isinstance(ks, int) else list(ks)
+    ks = [max(1, min(k, kmax)) for k in ks]
+    assert tree.tokens[0] == root and tree.parents[0] == -1
+    assert tree.size <= budget or budget < 1
+    depth = min(n_depth, max(budget - 1, 0))
+    # the spine: the first node of each depth is that depth's top-1, child of the previous spine node
+    spine = [0]
+    for d in range(1, depth + 1):
+        at_d = (tree.depths == d).nonzero().squeeze(1).tolist()
+        assert at_d, f"depth {d} missing"
+        s = at_d[0]
+        assert tree.tokens[s] == ids[d - 1, 0] and tree.parents[s] == spine[-1]
+        assert tree.draft_probs[s] == probs[d - 1, 0]
+        spine.append(s)
+        # every other node at depth d is a side leaf under the same spine node, drafted from depth d's top-k
+        col = {int(t): c for c, t in enumerate(ids[d - 1].tolist())}
+        assert len(at_d) <= ks[d - 1]
+        cols = []
+        for i in at_d[1:]:
+            assert tree.parents[i] == spine[d - 1]
+            c = col[int(tree.tokens[i])]
+            assert 0 < c < ks[d - 1]
+            assert tree.draft_probs[i] == probs[d - 1, c]
+            cols.append(c)
+        assert cols == sorted(cols), "side leaves in probability order"
+    assert int(tree.depths.max()) == depth
+    side = [i for i in range(1, tree.size) if i not in spine]
+    parents_of_anything = set(tree.parents.tolist())
+    assert not any(i in parents_of_anything for i in side), "side leaves must be leaves"
+    assert tree.sources.tolist() == tree.depths.tolist()
+    # the budget is filled when there are enough candidates
+    available = sum(k - 1 for k in ks[:depth])
+    assert tree.size == 1 + depth + min(max(budget - 1 - depth, 0), available)
+    # the kept side leaves are the best by P(spine reaches the parent) * p(leaf)
+    reach = torch.cumprod(torch.cat([torch.ones(1), probs[:, 0]]), 0)
+    scores = sorted(((float(reach[d] * probs[d, c]), d, c) for d in range(depth) for c in range(1, ks[d])),
+                    reverse=True)
+    kept = {(int(tree.depths[i]) - 1, {int(t): c for c, t in enumerate(ids[int(tree.depths[i]) - 1].tolist())}
+             [int(tree.tokens[i])]) for i in side}
+    n_side = len(side)
+    assert kept == {(d, c) for _, d, c in scores[:n_side]}
+    return spine, side
+
+
+@pytest.mark.parametrize("n_depth,ks,budget", [
+    (1, 10, 11), (1, 10, 4), (3, 1, 64), (4, [4, 3, 2, 1], 10), (6, 4, 16), (8, 10, 64),
+    (5, 10, 64), (8, 10, 5), (8, 10, 9), (8, [10, 8, 6, 4, 3, 2, 2, 1], 30), (8, [1, 5, 1, 5, 1, 5, 1, 5], 20),
+    (6, 10, 1), (6, 10, 2), (2, 12, 64),
+])
+def test_backbone_shape(n_depth, ks, budget):
+    kmax = ks if isinstance(ks, int) else max(ks)
+    for seed in range(3):
+        ids, probs = _topk(n_depth, kmax, seed)
+        tree = backbone(5, ids, probs, ks, budget)
+        check_backbone(tree, 5, ids, probs, ks, budget)
+
+
+def test_backbone_hand_made():
+    ids = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    probs = torch.tensor([[0.5, 0.3, 0.1], [0.9, 0.05, 0.01], [0.6, 0.2, 0.1]])
+    tree = backbone(1, ids, probs, 3, budget=6)
+    # spine 10 -> 20 -> 30; side scores: depth1 0.3, 0.1; depth2 0.5*0.05=.025; depth3 .45*.2=.09
+    assert tree.tokens.tolist() == [1, 10, 11, 12, 20, 30]
+    assert tree.parents.tolist() == [-1, 0, 0, 0, 1, 4]
+    assert tree.depths.tolist() == [0, 1, 1, 1, 2, 3]
+    tree = backbone(1, ids, probs, [2, 3, 3], budget=6)  # depth 1 may only keep its top-2
+    assert tree.tokens.tolist() == [1, 10, 11, 20, 30, 31]
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 3, 3]
+    assert backbone(1, ids, probs, 3, budget=3).tokens.tolist() == [1, 10, 20]  # budget cuts the spine
+
+
+# -- serialisation ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["root", "chain", "backbone", "random"])
+def test_tree_dict_round_trip(which):
+    gen = torch.Generator().manual_seed(3)
+    if which == "root":
+        tree = root_only(9)
+    elif which == "chain":
+        tree = chain(9, torch.tensor([4, 5, 6]), torch.tensor([0.3, 0.2, 0.1]))
+    elif which == "backbone":
+        ids, probs = _topk(6, 4, 1)
+        tree = backbone(9, ids, probs, [4, 3, 2, 2, 1, 1], 14)
+    else:
+        n = 40
+        tree = make_tree(torch.randint(0, 320, (n,), generator=gen), random_parents(n, gen),
+                         torch.rand(n, generator=gen), torch.randint(0, 6, (n,), generator=gen))
+    d = json.loads(json.dumps(tree.to_dict()))
+    assert "ancestors" not in d
+    assert_same_tree(DraftTree.from_dict(d), tree)
+    assert_same_tree(tree.to("cpu"), tree)
