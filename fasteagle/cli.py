@@ -49,15 +49,19 @@ def make_drafter(method: str, target, args):
 
 
 def cmd_generate(args) -> int:
+    import time
+
     from fasteagle.generate import chat_prompt_ids, generate
     from fasteagle.target import load_target
     from fasteagle.verify import SamplingParams
 
+    if not args.prompt or not args.prompt.strip():
+        raise FastEagleError("the prompt is empty")
     target = load_target(args.target, args.device, args.dtype)
     drafter = make_drafter(args.method, target, args)
     ids = chat_prompt_ids(target, args.prompt)
     sampling = SamplingParams(args.temperature, args.top_p)
-    last = None
+    last, t0 = None, time.perf_counter()
     for tr in generate(target, ids, drafter=drafter, max_new_tokens=args.max_new_tokens, sampling=sampling,
                        seed=args.seed):
         if args.show_steps and tr.step > 0:
@@ -68,12 +72,12 @@ def cmd_generate(args) -> int:
         sys.stdout.write(tr.text)
         sys.stdout.flush()
         last = tr
-    total_ms = 0
+    seconds = time.perf_counter() - t0
     print()
     if last is not None:
-        print(f"-- {last.generated} tokens, {last.forwards} target forwards, tau {last.tau:.2f}, "
-              f"finished: {last.finished}", file=sys.stderr)
-    return 0 if total_ms == 0 else 0
+        print(f"-- {args.method}: {last.generated} tokens in {seconds:.2f} s ({last.generated / seconds:.1f} tok/s), "
+              f"{last.forwards} target forwards, tau {last.tau:.2f}, finished: {last.finished}", file=sys.stderr)
+    return 0
 
 
 def cmd_train(args) -> int:

