@@ -180,8 +180,8 @@ def train(cfg: TrainConfig, target=None) -> Path:
             step += 1
             bar.update(1)
             if step % 10 == 0:
-                history.append({"step": step, "loss": float(loss)} | stats)
-                bar.set_postfix(loss=f"{float(loss):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
+                history.append({"step": step, "loss": float(loss.detach())} | stats)
+                bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
             if step % cfg.checkpoint_every == 0:
                 accel.save_state(str(ckpt))
                 (ckpt / "state.json").write_text(json.dumps({"step": step}))
