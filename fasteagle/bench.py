@@ -1,9 +1,21 @@
-"""Side-by-side measurement of decoding methods on a prompt set: tokens/s, speedup, tau,
-per-depth acceptance, draft/verify time, and whether each output equals vanilla decoding."""
+"""Side-by-side measurement of decoding methods on prompt sets.
+
+Protocol: the same chat template and `max_new_tokens` for every method; one warmup run per method;
+methods interleaved prompt by prompt (so drift hits all alike); device sync before each clock read.
+Reported per method, overall and per category: tokens/s (pooled, median and spread over prompts),
+speedup against our vanilla loop and against Hugging Face `generate`, tau (tokens per target
+forward, bonus included), per-depth acceptance, draft and verify ms per step, peak GPU memory, and
+how many greedy outputs are token-identical to vanilla.
+
+JSON schema (`compare` + `result_document`): {"device", "target", "date", "settings",
+"methods": {name: summary}, "per_category": {category: {name: summary}}}.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
+import platform
 import statistics
 import time
 from pathlib import Path
@@ -12,8 +24,12 @@ import torch
 from tqdm.auto import tqdm
 
 from fasteagle.generate import chat_prompt_ids, generate
+from fasteagle.kvcache import KVCache
 from fasteagle.target import Target
-from fasteagle.verify import SamplingParams
+from fasteagle.tree import chain, path_tree
+from fasteagle.verify import SamplingParams, tree_forward
+
+HF_METHODS = ("hf-generate", "hf-prompt-lookup")
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
@@ -28,33 +44,70 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
-def time_one(target: Target, ids: torch.Tensor, drafter, max_new: int, sampling: SamplingParams, seed: int) -> dict:
-    if target.device.type == "cuda":
-        torch.cuda.synchronize()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: int, sampling: SamplingParams,
+             seed: int) -> dict:
+    """Decode one prompt with one method and measure it."""
+    dev = target.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    if method in HF_METHODS:
+        return _time_hf(target, ids, max_new, sampling, seed, lookup=method == "hf-prompt-lookup")
+    _sync(dev)
     t0 = time.perf_counter()
     traces = list(generate(target, ids, drafter=drafter, max_new_tokens=max_new, sampling=sampling, seed=seed))
-    if target.device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(dev)
     wall = time.perf_counter() - t0
-    tokens = [t for tr in traces for t in tr.tokens]
     steps = traces[1:]
-    depth_acc = _depth_acceptance(steps)
-    return {"tokens": tokens, "wall_s": wall, "n": len(tokens), "forwards": traces[-1].forwards,
-            "tau": traces[-1].tau if traces[-1].forwards else 1.0,
+    reached, accepted = _depth_acceptance(steps)
+    return {"tokens": [t for tr in traces for t in tr.tokens], "wall_s": wall, "forwards": traces[-1].forwards,
             "draft_ms": statistics.fmean([s.draft_ms for s in steps]) if steps else 0.0,
             "verify_ms": statistics.fmean([s.verify_ms for s in steps]) if steps else 0.0,
-            "depth_reached": depth_acc[0], "depth_accepted": depth_acc[1]}
+            "accepted_lengths": [len(s.tokens) for s in steps],
+            "depth_reached": reached, "depth_accepted": accepted, "peak_mb": _peak_mb(dev)}
+
+
+def _time_hf(target: Target, ids: torch.Tensor, max_new: int, sampling: SamplingParams, seed: int,
+             lookup: bool) -> dict:
+    """Hugging Face `generate` (optionally its prompt-lookup decoding), batch 1, same stop ids."""
+    model, dev = target.model, target.device
+    x = ids.to(dev)[None]
+    kwargs = {"max_new_tokens": max_new, "attention_mask": torch.ones_like(x), "top_k": None,
+              "eos_token_id": sorted(target.stop_ids()), "pad_token_id": target.tokenizer.eos_token_id}
+    if sampling.greedy:
+        kwargs |= {"do_sample": False, "temperature": None, "top_p": None}
+    else:
+        kwargs |= {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p}
+    if lookup:
+        kwargs["prompt_lookup_num_tokens"] = 10
+    torch.manual_seed(seed)
+    _sync(dev)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(x, **kwargs)
+    _sync(dev)
+    wall = time.perf_counter() - t0
+    return {"tokens": out[0, x.shape[1]:].tolist(), "wall_s": wall, "forwards": None, "draft_ms": None,
+            "verify_ms": None, "accepted_lengths": [], "depth_reached": [], "depth_accepted": [],
+            "peak_mb": _peak_mb(dev)}
+
+
+def _peak_mb(dev: torch.device) -> float | None:
+    return round(torch.cuda.max_memory_allocated(dev) / 2**20, 1) if dev.type == "cuda" else None
 
 
 def _depth_acceptance(steps) -> tuple[list[int], list[int]]:
-    """Per depth: how often a step's accepted path reached depth d-1 (so depth d was tried), and
-    how often depth d was accepted."""
+    """Per depth d: how often a step's tree offered depth d along the accepted path so far
+    (depth d-1 accepted), and how often depth d was accepted."""
     reached, accepted = [], []
     for s in steps:
         if not s.tree:
             continue
-        depths = s.tree["depths"]
-        maxd = max(depths)
+        maxd = max(s.tree["depths"])
         acc_len = len(s.path) - 1
         while len(reached) < maxd:
             reached.append(0)
@@ -67,39 +120,57 @@ def _depth_acceptance(steps) -> tuple[list[int], list[int]]:
 
 def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 128,
             sampling: SamplingParams | None = None, seed: int = 0, warmup: int = 1) -> dict:
-    """Run every method on every prompt, interleaved prompt by prompt; vanilla must be in `methods`."""
+    """Run every method on every prompt, interleaved prompt by prompt. `methods`: name -> drafter
+    (None for vanilla and the hf-* methods). Returns the per-prompt rows by method."""
     sampling = sampling or SamplingParams()
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     for ids in encoded[:warmup]:
-        for drafter in methods.values():
-            time_one(target, ids, drafter, 16, sampling, seed)
-    rows = {name: [] for name in methods}
-    for p, ids in zip(tqdm(prompts, desc="bench"), encoded):
         for name, drafter in methods.items():
-            r = time_one(target, ids, drafter, max_new, sampling, seed)
+            time_one(target, ids, name, drafter, 16, sampling, seed)
+    rows = {name: [] for name in methods}
+    for p, ids in zip(tqdm(prompts, desc="bench", unit="prompt"), encoded):
+        for name, drafter in methods.items():
+            r = time_one(target, ids, name, drafter, max_new, sampling, seed)
             rows[name].append(r | {"id": p["id"], "category": p["category"]})
-    return summarize(rows, sampling)
+    return rows
 
 
 def summarize(rows: dict, sampling: SamplingParams) -> dict:
-    vanilla = rows.get("vanilla")
+    """Per-method summary of per-prompt rows (see the module docstring)."""
+    pooled = {name: sum(len(r["tokens"]) for r in rs) / sum(r["wall_s"] for r in rs) for name, rs in rows.items()}
     out = {}
     for name, rs in rows.items():
-        tps = [r["n"] / r["wall_s"] for r in rs]
-        s = {"tokens_per_s": sum(r["n"] for r in rs) / sum(r["wall_s"] for r in rs),
-             "tokens_per_s_median": statistics.median(tps),
-             "tau": sum(r["n"] - 1 for r in rs) / max(1, sum(r["forwards"] for r in rs)),
-             "draft_ms": statistics.fmean(r["draft_ms"] for r in rs),
-             "verify_ms": statistics.fmean(r["verify_ms"] for r in rs)}
-        reached, accepted = _sum_ragged([r["depth_reached"] for r in rs]), _sum_ragged([r["depth_accepted"] for r in rs])
-        s["depth_acceptance"] = [round(a / max(1, b), 3) for a, b in zip(accepted, reached)]
-        if vanilla:
-            s["speedup"] = s["tokens_per_s"] / (sum(r["n"] for r in vanilla) / sum(r["wall_s"] for r in vanilla))
-            if sampling.greedy:
-                s["identical_to_vanilla"] = sum(a["tokens"] == b["tokens"] for a, b in zip(rs, vanilla))
-        s["prompts"] = len(rs)
+        tps = sorted(len(r["tokens"]) / r["wall_s"] for r in rs)
+        s = {"prompts": len(rs), "tokens": sum(len(r["tokens"]) for r in rs),
+             "tokens_per_s": round(pooled[name], 2),
+             "tokens_per_s_median": round(statistics.median(tps), 2),
+             "tokens_per_s_p10_p90": [round(_quantile(tps, 0.1), 2), round(_quantile(tps, 0.9), 2)]}
+        for ref in ("vanilla", "hf-generate"):
+            if ref in pooled:
+                s[f"speedup_vs_{ref.replace('-', '_')}"] = round(pooled[name] / pooled[ref], 3)
+        if rs[0]["forwards"] is not None:
+            steps = sum(r["forwards"] for r in rs)
+            # the prefill's token comes without a verify step, so it is not counted
+            s["tau"] = round(sum(len(r["tokens"]) - 1 for r in rs) / max(1, steps), 3)
+            s["draft_ms"] = round(statistics.fmean(r["draft_ms"] for r in rs), 3)
+            s["verify_ms"] = round(statistics.fmean(r["verify_ms"] for r in rs), 3)
+            lengths = [n for r in rs for n in r["accepted_lengths"]]
+            s["accepted_length_histogram"] = [lengths.count(n) for n in range(1, max(lengths, default=1) + 1)]
+            reached = _sum_ragged([r["depth_reached"] for r in rs])
+            accepted = _sum_ragged([r["depth_accepted"] for r in rs])
+            s["depth_acceptance"] = [round(a / max(1, b), 3) for a, b in zip(accepted, reached)]
+        peaks = [r["peak_mb"] for r in rs if r["peak_mb"] is not None]
+        s["peak_mb"] = max(peaks) if peaks else None
+        if "vanilla" in rows and sampling.greedy:
+            s["identical_to_vanilla"] = sum(a["tokens"] == b["tokens"] for a, b in zip(rs, rows["vanilla"]))
         out[name] = s
     return out
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    i = q * (len(sorted_values) - 1)
+    lo, hi = int(i), min(int(i) + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (i - lo)
 
 
 def _sum_ragged(lists: list[list[int]]) -> list[int]:
@@ -108,3 +179,117 @@ def _sum_ragged(lists: list[list[int]]) -> list[int]:
         for i, v in enumerate(x):
             out[i] += v
     return out
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def result_document(target: Target, rows: dict, settings: dict) -> dict:
+    """The JSON written by `bench`: overall and per-category summaries plus the per-prompt rows."""
+    sampling = SamplingParams(settings.get("temperature", 0.0), settings.get("top_p", 1.0))
+    categories = sorted({r["category"] for rs in rows.values() for r in rs})
+    per_cat = {c: summarize({m: [r for r in rs if r["category"] == c] for m, rs in rows.items()}, sampling)
+               for c in categories}
+    return {"device": device_name(target.device), "target": target.name,
+            "date": datetime.date.today().isoformat(), "torch": torch.__version__, "settings": settings,
+            "methods": summarize(rows, sampling), "per_category": per_cat,
+            "rows": {m: [{k: v for k, v in r.items() if k != "tokens"} | {"n": len(r["tokens"])} for r in rs]
+                     for m, rs in rows.items()}}
+
+
+def markdown_table(doc: dict) -> str:
+    """One Markdown table per result document (what the README shows)."""
+    s = doc["settings"]
+    head = (f"**{doc['device']}**, target `{doc['target']}`, {s.get('prompts_desc', '')} "
+            f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, {doc['date']}\n\n")
+    lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
+             "identical |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in doc["methods"].items():
+        def f(key, fmt="{:.2f}"):
+            return fmt.format(m[key]) if m.get(key) is not None else "–"
+        ident = f"{m['identical_to_vanilla']}/{m['prompts']}" if "identical_to_vanilla" in m else "–"
+        lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} | "
+                     f"{f('speedup_vs_hf_generate', '{:.2f}x')} | {f('tau')} | {f('draft_ms', '{:.1f}')} | "
+                     f"{f('verify_ms', '{:.1f}')} | {ident} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def charts(doc: dict, path: str | Path) -> None:
+    """Plotly HTML: speedup and tau per method, and per-depth acceptance of the drafters."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(doc["methods"])
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("speedup vs vanilla", "tau (tokens / target forward)",
+                                                        "per-depth acceptance"))
+    fig.add_bar(x=names, y=[doc["methods"][n].get("speedup_vs_vanilla") for n in names], row=1, col=1,
+                showlegend=False)
+    fig.add_bar(x=names, y=[doc["methods"][n].get("tau") for n in names], row=1, col=2, showlegend=False)
+    for n in names:
+        acc = doc["methods"][n].get("depth_acceptance") or []
+        if acc:
+            fig.add_scatter(x=list(range(1, len(acc) + 1)), y=acc, mode="lines+markers", name=n, row=1, col=3)
+    fig.update_layout(title=f"{doc['target']} on {doc['device']}", height=420, template="plotly_white")
+    fig.write_html(str(path), include_plotlyjs="cdn")
+
+
+@torch.inference_mode()
+def verify_cost(target: Target, sizes=(1, 8, 16, 32, 64), prefix: int = 256, reps: int = 10) -> dict:
+    """Median time of one target forward over a tree of T nodes after a `prefix`-token context,
+    and its ratio to T=1 (one plain decode step). This is what decides the tree budget."""
+    model, dev = target.model, target.device
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    cache = KVCache.for_model(model, prefix + max(sizes) + 1)
+    tree_forward(model, cache, path_tree(torch.randint(vocab, (prefix,), generator=g).to(dev)))
+    cache.keep(torch.arange(prefix, device=dev))
+    out = {}
+    for T in sizes:
+        tree = chain(int(torch.randint(vocab, (1,), generator=g)), torch.randint(vocab, (T - 1,), generator=g)).to(dev)
+        times = []
+        for r in range(reps + 2):
+            _sync(dev)
+            t0 = time.perf_counter()
+            tree_forward(model, cache, tree)
+            _sync(dev)
+            if r >= 2:
+                times.append((time.perf_counter() - t0) * 1e3)
+            cache.truncate(prefix)
+        out[T] = statistics.median(times)
+    return {"prefix": prefix, "ms": {str(t): round(v, 2) for t, v in out.items()},
+            "relative": {str(t): round(v / out[sizes[0]], 2) for t, v in out.items()}}
+
+
+def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(8, 16, 24, 32, 48, 64), max_new: int = 64,
+              seed: int = 0) -> dict:
+    """Measure tokens/s of the drafter at several tree budgets on a few prompts, and pick the best:
+    the trade-off between acceptance (bigger trees) and verify cost (bigger forwards) is device-specific."""
+    encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
+    time_one(target, encoded[0], "fasteagle", drafter, 16, SamplingParams(), seed)  # warmup
+    results = {}
+    for b in tqdm(budgets, desc="tree budget"):
+        drafter.tree_budget = b
+        rs = [time_one(target, ids, "fasteagle", drafter, max_new, SamplingParams(), seed) for ids in encoded]
+        results[b] = sum(len(r["tokens"]) for r in rs) / sum(r["wall_s"] for r in rs)
+    best = max(results, key=results.get)
+    drafter.tree_budget = best
+    return {"budget": best, "tokens_per_s": {str(b): round(v, 2) for b, v in results.items()}}
+
+
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def update_readme(result_files: list[str | Path], readme: str | Path = "README.md") -> None:
+    """Regenerate the README's results section from committed result files (never typed by hand)."""
+    docs = [json.loads(Path(f).read_text()) for f in sorted(result_files)]
+    body = "\n".join(f"{markdown_table(d)}\n<sub>from `{Path(f).as_posix()}`</sub>\n"
+                     for d, f in zip(docs, sorted(result_files)))
+    text = Path(readme).read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no {README_START} ... {README_END} section")
+    pre, rest = text.split(README_START, 1)
+    post = rest.split(README_END, 1)[1]
+    Path(readme).write_text(f"{pre}{README_START}\n{body}{README_END}{post}")

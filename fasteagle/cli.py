@@ -95,22 +95,48 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from fasteagle.bench import compare, load_prompts
+    from fasteagle import bench
     from fasteagle.target import load_target
     from fasteagle.verify import SamplingParams
 
+    if args.update_readme:
+        bench.update_readme(args.update_readme.split(","), args.readme)
+        print(f"updated {args.readme} from {args.update_readme}")
+        return 0
     target = load_target(args.target, args.device, args.dtype)
-    names = args.methods.split(",")
+    if args.verify_cost:
+        sizes = tuple(int(x) for x in args.verify_cost.split(","))
+        cost = bench.verify_cost(target, sizes)
+        cost["device"] = bench.device_name(target.device)
+        print(json.dumps(cost, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(cost, indent=2))
+        return 0
+    if not args.prompts:
+        raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "vanilla" not in names:
         names.insert(0, "vanilla")
-    methods = {m: make_drafter(m, target, args) for m in names}
-    prompts = [p for f in args.prompts.split(",") for p in load_prompts(f, args.limit)]
-    result = compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
-                     args.seed)
-    text = json.dumps({"device": str(target.device), "target": target.name, "methods": result}, indent=2)
+    methods = {m: None if m in bench.HF_METHODS else make_drafter(m, target, args) for m in names}
+    files = args.prompts.split(",")
+    prompts = [p for f in files for p in bench.load_prompts(f, args.limit)]
+    settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
+                "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+                "tree_k": args.tree_k, "tree_budget": args.tree_budget, "dtype": str(target.dtype)}
+    if args.tree == "auto" and methods.get("fasteagle") is not None:
+        choice = bench.auto_tree(target, methods["fasteagle"], prompts[:3])
+        settings["tree_budget"], settings["tree_auto"] = choice["budget"], choice
+    rows = bench.compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
+                         args.seed)
+    doc = bench.result_document(target, rows, settings)
+    table = bench.markdown_table(doc)
+    print(table)
     if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=2))
+        Path(args.out).with_suffix(".md").write_text(table)
+        bench.charts(doc, Path(args.out).with_suffix(".html"))
+        print(f"wrote {args.out} (+ .md table, .html charts)")
     return 0
 
 
@@ -153,11 +179,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--limit", type=int, default=None, help="at most this many training conversations")
     t.set_defaults(func=cmd_train)
 
-    b = sub.add_parser("bench", help="compare decoding methods on a prompt set")
-    b.add_argument("--prompts", required=True, help="JSON-lines prompt file(s), comma separated")
-    b.add_argument("--methods", default="vanilla,lookup,fasteagle")
+    b = sub.add_parser("bench", help="compare decoding methods on prompt sets (tokens/s, speedup, tau, lossless)")
+    b.add_argument("--prompts", default=None, help="JSON-lines prompt file(s), comma separated")
+    b.add_argument("--methods", default="vanilla,hf-generate,hf-prompt-lookup,lookup,fasteagle",
+                   help="comma list of: vanilla, hf-generate, hf-prompt-lookup, lookup, fasteagle")
     b.add_argument("--limit", type=int, default=None, help="prompts per file")
-    b.add_argument("--out", default=None)
+    b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")
+    b.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
+                   help="auto: measure this device and pick the FastEagle tree budget with the best tokens/s")
+    b.add_argument("--verify-cost", dest="verify_cost", default=None, metavar="SIZES",
+                   help="only measure one target forward over trees of these sizes, e.g. 1,8,16,32,64")
+    b.add_argument("--update-readme", dest="update_readme", default=None, metavar="FILES",
+                   help="regenerate the README results section from these result JSON files (comma list)")
+    b.add_argument("--readme", default="README.md")
     _add_target_args(b)
     _add_method_args(b)
     b.set_defaults(func=cmd_bench)

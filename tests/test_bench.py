@@ -1,0 +1,87 @@
+"""The benchmark harness on the tiny target: every method runs, summaries are consistent, the
+lossless check counts identical outputs, tables/charts/README regeneration work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fasteagle import bench
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.lookup import LookupDrafter
+from fasteagle.verify import SamplingParams
+
+PROMPTS = [{"id": "a", "category": "chat", "text": "w10 w11 w12 w13"},
+           {"id": "b", "category": "code", "text": "w40 w41 w40 w41 w40"}]
+
+
+def test_load_prompts_accepts_turns_prompt_and_text(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"turns": ["first", "second"], "category": "x"}\n{"prompt": "p"}\n\n{"text": "t", "id": "9"}\n')
+    rows = bench.load_prompts(f)
+    assert [r["text"] for r in rows] == ["first", "p", "t"]
+    assert rows[0]["category"] == "x" and rows[1]["category"] == "p" and rows[2]["id"] == "9"
+    assert len(bench.load_prompts(f, limit=2)) == 2
+
+
+@pytest.fixture(scope="module")
+def doc(tiny):
+    methods = {"vanilla": None, "hf-generate": None, "lookup": LookupDrafter()}
+    rows = bench.compare(tiny, methods, PROMPTS, max_new=12)
+    return bench.result_document(tiny, rows, {"max_new_tokens": 12, "temperature": 0.0})
+
+
+def test_every_method_is_summarised(doc):
+    m = doc["methods"]
+    assert set(m) == {"vanilla", "hf-generate", "lookup"}
+    assert m["vanilla"]["speedup_vs_vanilla"] == 1.0
+    assert m["vanilla"]["tau"] == 1.0  # one token per forward without a drafter
+    assert m["lookup"]["tau"] >= 1.0 and "depth_acceptance" in m["lookup"]
+    assert "tau" not in m["hf-generate"]
+    assert set(doc["per_category"]) == {"chat", "code"}
+
+
+def test_lossless_check_counts_identical_outputs(doc):
+    # our loop, HF generate and lookup all decode greedily: all must match vanilla
+    for name in ("hf-generate", "lookup"):
+        assert doc["methods"][name]["identical_to_vanilla"] == len(PROMPTS)
+
+
+def test_summary_detects_a_different_output():
+    row = {"tokens": [1, 2, 3], "wall_s": 1.0, "forwards": 2, "draft_ms": 0.0, "verify_ms": 1.0,
+           "accepted_lengths": [1, 2], "depth_reached": [1], "depth_accepted": [1], "peak_mb": None,
+           "category": "c"}
+    rows = {"vanilla": [row], "other": [row | {"tokens": [1, 2, 4]}]}
+    s = bench.summarize(rows, SamplingParams())
+    assert s["other"]["identical_to_vanilla"] == 0 and s["vanilla"]["identical_to_vanilla"] == 1
+    assert s["other"]["accepted_length_histogram"] == [1, 1]
+
+
+def test_markdown_charts_and_readme(doc, tmp_path):
+    table = bench.markdown_table(doc)
+    assert "| lookup |" in table and "| hf-generate |" in table
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(doc))
+    bench.charts(doc, tmp_path / "r.html")
+    assert "plotly" in (tmp_path / "r.html").read_text().lower()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"top\n{bench.README_START}\nold\n{bench.README_END}\nbottom\n")
+    bench.update_readme([out], readme)
+    text = readme.read_text()
+    assert "old" not in text and "| lookup |" in text and text.startswith("top") and text.endswith("bottom\n")
+
+
+def test_verify_cost_reports_every_size(tiny):
+    cost = bench.verify_cost(tiny, sizes=(1, 4, 8), prefix=16, reps=2)
+    assert set(cost["ms"]) == {"1", "4", "8"} and cost["relative"]["1"] == 1.0
+
+
+def test_auto_tree_picks_a_measured_budget(tiny):
+    torch.manual_seed(0)
+    d = CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, intermediate=64))
+    d.attach(tiny.model).eval()
+    choice = bench.auto_tree(tiny, d, PROMPTS[:1], budgets=(4, 8), max_new=8)
+    assert choice["budget"] in (4, 8) and d.tree_budget == choice["budget"]
+    assert set(choice["tokens_per_s"]) == {"4", "8"}
