@@ -1,0 +1,623 @@
+"""FastEagle visualizer: watch speculative decoding draft a tree, verify it, and keep the accepted
+path, step by step, next to plain (vanilla) decoding of the same prompt.
+
+    python app.py                    # http://127.0.0.1:7860
+    FASTEAGLE_TARGET=<hf id or dir> FASTEAGLE_DRAFTER=<drafter dir> python app.py
+
+Environment: FASTEAGLE_TARGET (default: the embedded SmolLM2-135M-Instruct), FASTEAGLE_DRAFTER
+(FastEagle drafter dir, default assets/drafters/smollm2-135m-fasteagle), FASTEAGLE_EAGLE3_DRAFTER,
+FASTEAGLE_DEVICE / FASTEAGLE_DTYPE, FASTEAGLE_PRECOMPUTE=1 (decode first, then animate: what the
+app does on ZeroGPU, where the `spaces` package is importable), GRADIO_SERVER_PORT / _NAME.
+
+The app is thin: decoding is `fasteagle.generate.generate`, pictures are `viz`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+import torch  # noqa: E402
+
+import viz  # noqa: E402
+from fasteagle.cli import DEFAULT_DRAFTER, make_drafter  # noqa: E402
+from fasteagle.errors import FastEagleError  # noqa: E402
+from fasteagle.generate import chat_prompt_ids, generate  # noqa: E402
+from fasteagle.target import Target, load_target  # noqa: E402
+from fasteagle.verify import SamplingParams  # noqa: E402
+from viz.tokens import spans_from_json, spans_to_json  # noqa: E402
+
+try:  # Hugging Face ZeroGPU: the GPU exists only inside functions decorated with spaces.GPU
+    import spaces  # type: ignore
+except ImportError:
+    spaces = None
+
+log = logging.getLogger("fasteagle.app")
+
+ROOT = Path(__file__).resolve().parent
+MAX_PROMPT_CHARS = 4000
+MAX_PROMPT_TOKENS = 1024
+MAX_NEW_TOKENS = 256
+FRAME_S = 0.12  # at most one tree figure per this many seconds while streaming (the last step always)
+ANIMATE_S = 6.0  # precomputed runs replay in about this long per side
+EAGLE3_DRAFTER = ROOT / "assets" / "drafters" / "smollm2-135m-eagle3"
+
+EXPLAINER = """
+**Speculative decoding** makes a big *target* model emit several tokens per forward pass, with
+exactly the output it would produce alone.
+
+1. **Drafter.** A cheap model guesses the next few tokens. *FastEagle*'s drafter is a cascade of
+   small layers that reads the target's hidden states and emits a guess for every depth 1..N in
+   **one** pass (EAGLE-style drafters need one pass per depth). *Lookup* copies what followed the
+   same words earlier in the prompt or reply (no training at all).
+2. **Tree.** Instead of one guess per depth the drafter proposes a small **tree**: the most likely
+   token continues the backbone, runners-up become side branches. *top-k per depth* and the
+   *node budget* bound its size.
+3. **Verification.** The target reads every tree node in **one** forward (each node sees only its
+   own ancestors). Walking from the root, a node is **accepted** (green) if the target would have
+   produced it there (greedy: its argmax; sampling: an exact accept/reject rule); its siblings are
+   then **rejected** (red) and nodes below a rejected node are **never reached** (grey). The
+   target's own prediction after the last accepted node is the **bonus token** (blue star), so every
+   step yields at least one token.
+4. **τ (tau)** = tokens per target forward, bonus included: vanilla decoding has τ = 1. Speed-up is
+   roughly τ divided by how much more a drafting+verifying step costs than a plain step.
+
+Greedy speculative decoding is *lossless*: the reply must equal vanilla decoding token for token
+(the badge checks it). On a small CPU the tree forward costs more than a one-token forward, so the
+speed-up here is smaller than on a GPU.
+"""
+
+CSS = """
+#identical-badge .badge { display:inline-block; padding:6px 12px; border-radius:14px; font-weight:600; }
+#identical-badge .ok { background:#e3f4e1; color:#1b6e23; border:1px solid #8cc98f; }
+#identical-badge .bad { background:#fde4e4; color:#9b1c1c; border:1px solid #e39a9a; }
+#identical-badge .info { background:#eef2f8; color:#33475b; border:1px solid #b9c6d8; }
+.stats p { margin:0; font-variant-numeric: tabular-nums; }
+"""
+
+
+# -- setup ------------------------------------------------------------------------------------------
+@dataclass
+class MethodSpec:
+    label: str
+    key: str  # fasteagle.cli.make_drafter method name
+    drafter_dir: Path | None  # None: needs no trained weights
+    available: bool
+    note: str = ""
+
+
+def _has_weights(d: Path | None) -> bool:
+    return d is not None and (d / "config.json").exists() and any(d.glob("model*.safetensors"))
+
+
+def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None) -> list[MethodSpec]:
+    """Every method the app knows, with whether it can run here (trained weights present)."""
+    fe = Path(drafter_dir or os.environ.get("FASTEAGLE_DRAFTER") or DEFAULT_DRAFTER)
+    e3 = Path(eagle3_dir or os.environ.get("FASTEAGLE_EAGLE3_DRAFTER") or EAGLE3_DRAFTER)
+    return [
+        MethodSpec("FastEagle", "fasteagle", fe, _has_weights(fe),
+                   f"no FastEagle drafter at `{fe}`: train one with `python -m fasteagle train --out {fe}` "
+                   "(or set FASTEAGLE_DRAFTER). The lookup drafter works without training."),
+        MethodSpec("EAGLE-3", "eagle3", e3, _has_weights(e3)),
+        MethodSpec("lookup", "lookup", None, True),
+    ]
+
+
+def prompt_examples(limit_per_file: int = 3, max_chars: int = 400) -> list[str]:
+    """A few short first turns from the bundled prompt sets."""
+    out = ["List the days of the week, one per line.", "Write a Python function that reverses a string."]
+    for path in sorted(glob.glob(str(ROOT / "assets" / "prompts" / "*.jsonl"))):
+        turns = []
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            try:
+                t = json.loads(line)["turns"][0]
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+            if isinstance(t, str) and 0 < len(t) <= max_chars:
+                turns.append(t)
+        out += sorted(turns, key=len)[:limit_per_file]
+    return out
+
+
+def device_text(target: Target) -> str:
+    dev = target.device
+    dtype = str(target.dtype).replace("torch.", "")
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        return f"**Device:** CUDA · {name} · {dtype}" + (" · ZeroGPU" if spaces is not None else "")
+    return f"**Device:** CPU ({torch.get_num_threads()} threads) · {dtype}" + (
+        " · ZeroGPU (decodes run on the GPU)" if spaces is not None else "")
+
+
+# -- decoding ---------------------------------------------------------------------------------------
+@dataclass
+class Request:
+    prompt: str
+    method: MethodSpec
+    temperature: float
+    max_new_tokens: int
+    tree_k: str
+    tree_budget: int
+    seed: int
+
+
+def _timed(gen: Iterator) -> Iterator[tuple[Any, float]]:
+    """Items of `gen` with the seconds spent inside `gen` so far (consumer time excluded)."""
+    spent = 0.0
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(gen)
+        except StopIteration:
+            return
+        spent += time.perf_counter() - t0
+        yield item, spent
+
+
+class Engine:
+    """The loaded target plus a cache of drafters; every decode goes through here."""
+
+    def __init__(self, target: Target, drafter_dir: Path | None = None, eagle3_dir: Path | None = None):
+        self.target = target
+        self.methods = method_specs(drafter_dir, eagle3_dir)
+        self._drafters: dict[tuple, Any] = {}
+        tok = target.tokenizer
+        self._label_cache: dict[int, str] = {}
+        self.decode_text: Callable[[list[int]], str] = lambda ids: tok.decode(ids, skip_special_tokens=True)
+        self.warm = False
+
+    @property
+    def available(self) -> list[MethodSpec]:
+        return [m for m in self.methods if m.available]
+
+    def method(self, label: str) -> MethodSpec:
+        for m in self.methods:
+            if m.label == label or m.key == label:
+                if not m.available:
+                    raise FastEagleError(m.note or f"{m.label} is not available here (no trained drafter)")
+                return m
+        names = ", ".join(m.label for m in self.available)
+        raise FastEagleError(f"unknown method {label!r}; choose one of {names}")
+
+    def label(self, tid: int) -> str:
+        """One token's text for tree labels (special tokens shown, partial bytes as the raw piece)."""
+        tid = int(tid)
+        if tid not in self._label_cache:
+            tok = self.target.tokenizer
+            text = tok.decode([tid], skip_special_tokens=False)
+            if "\ufffd" in text:
+                text = str(tok.convert_ids_to_tokens(tid))
+            self._label_cache[tid] = text
+        return self._label_cache[tid]
+
+    def label_decode(self, ids: list[int]) -> str:
+        return "".join(self.label(i) for i in ids)
+
+    def request(self, prompt: str | None, method: str, temperature: float, max_new_tokens: float, tree_k: str,
+                tree_budget: float, seed: float) -> Request:
+        """Validate the inputs; every problem is a one-line FastEagleError."""
+        prompt = prompt or ""
+        if not prompt.strip():
+            raise FastEagleError("the prompt is empty: type a question or pick an example")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise FastEagleError(f"the prompt is too long: {len(prompt)} characters (at most {MAX_PROMPT_CHARS})")
+        try:
+            max_new = int(max_new_tokens)
+            budget = int(tree_budget)
+            seed_i = int(seed or 0)
+            temp = float(temperature or 0.0)
+        except (TypeError, ValueError):
+            raise FastEagleError("max new tokens, node budget and seed must be numbers") from None
+        if not 1 <= max_new <= MAX_NEW_TOKENS:
+            raise FastEagleError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}")
+        if not 0.0 <= temp <= 2.0:
+            raise FastEagleError("temperature must be between 0 and 2")
+        if not 2 <= budget <= 256:
+            raise FastEagleError("the node budget must be between 2 and 256")
+        try:
+            ks = [int(x) for x in str(tree_k or "").replace(" ", "").split(",")]
+        except ValueError:
+            raise FastEagleError(f"top-k per depth must be an integer or a comma list like 8,4,2 (got {tree_k!r})") \
+                from None
+        if not ks or any(not 1 <= k <= 64 for k in ks):
+            raise FastEagleError("every top-k must be between 1 and 64")
+        return Request(prompt, self.method(method), temp, max_new, ",".join(map(str, ks)), budget, seed_i)
+
+    def prompt_ids(self, req: Request) -> torch.Tensor:
+        ids = chat_prompt_ids(self.target, req.prompt)
+        if ids.numel() > MAX_PROMPT_TOKENS:
+            raise FastEagleError(f"the prompt is too long: {ids.numel()} tokens (at most {MAX_PROMPT_TOKENS})")
+        return ids
+
+    def drafter(self, req: Request):
+        m = req.method
+        if m.key == "lookup":
+            from fasteagle.lookup import LookupDrafter
+
+            return LookupDrafter()
+        key = (m.key, str(m.drafter_dir))
+        if key not in self._drafters:
+            args = SimpleNamespace(drafter=str(m.drafter_dir), tree_k=req.tree_k, tree_budget=req.tree_budget)
+            try:
+                self._drafters[key] = make_drafter(m.key, self.target, args)
+            except FastEagleError:
+                raise
+            except Exception as exc:  # a corrupt or incompatible checkpoint: one line, not a traceback
+                log.exception("loading the %s drafter failed", m.label)
+                raise FastEagleError(f"the {m.label} drafter at {m.drafter_dir} failed to load: "
+                                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        d = self._drafters[key]
+        ks = [int(x) for x in req.tree_k.split(",")]
+        if hasattr(d, "tree_k"):
+            d.tree_k = ks[0] if len(ks) == 1 else ks
+        if hasattr(d, "tree_budget"):
+            d.tree_budget = req.tree_budget
+        return d
+
+    def steps(self, ids: torch.Tensor, drafter, req: Request) -> Iterator[tuple[dict, float]]:
+        """(StepTrace dict, seconds spent decoding so far) per step."""
+        gen = generate(self.target, ids, drafter=drafter, max_new_tokens=req.max_new_tokens,
+                       sampling=SamplingParams(req.temperature), seed=req.seed)
+        for tr, spent in _timed(gen):
+            yield tr.to_dict(), spent
+
+    def warmup(self, drafter=None) -> None:
+        """One tiny decode so that lazy initialisation is not billed to the first timed run."""
+        ids = chat_prompt_ids(self.target, "Hi")
+        for d in (drafter, None) if drafter is not None else (None,):
+            for _ in generate(self.target, ids, drafter=d, max_new_tokens=3):
+                pass
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+        self.warm = True
+
+    def decode_both(self, req: Request) -> dict:
+        """Both decodes to the end, as plain data (what a ZeroGPU function may return); a user
+        error comes back as {"error": message} rather than an exception across processes."""
+        try:
+            ids = self.prompt_ids(req)
+            drafter = self.drafter(req)
+            self.warmup(drafter)
+            out = {}
+            for side, d in (("speculative", drafter), ("vanilla", None)):
+                rows = list(self.steps(ids, d, req))
+                out[side] = {"traces": [r for r, _ in rows], "elapsed": [s for _, s in rows]}
+            return out
+        except FastEagleError as exc:
+            return {"error": str(exc)}
+
+
+ENGINE: Engine | None = None  # module-level so that a spaces.GPU function can reach it
+
+
+def _decode_both_plain(req: Request) -> dict:
+    return ENGINE.decode_both(req)
+
+
+_decode_both_gpu = spaces.GPU(duration=120)(_decode_both_plain) if spaces is not None else _decode_both_plain
+
+
+# -- presentation -----------------------------------------------------------------------------------
+def _fmt_stats(side: str, tr: dict | None, spent: float, method: str = "") -> str:
+    if tr is None:
+        return f"**{side}** · waiting…"
+    tokens = int(tr.get("generated", 0))
+    tps = tokens / spent if spent > 0 else 0.0
+    if side == "vanilla":
+        return f"**vanilla** · {tokens} tokens · {spent:.2f} s · **{tps:.1f} tokens/s**"
+    tau = (tokens - 1) / tr["forwards"] if tr.get("forwards") else 0.0
+    return (f"**{method}** · step {tr.get('step', 0)} · {tokens} tokens · τ {tau:.2f} · {spent:.2f} s · "
+            f"**{tps:.1f} tokens/s**")
+
+
+def badge_html(spec_tokens: list[int], van_tokens: list[int], greedy: bool, dtype: str) -> str:
+    n = min(len(spec_tokens), len(van_tokens))
+    same = spec_tokens == van_tokens
+    if same:
+        return (f'<div class="badge ok" data-identical="true">✔ identical outputs: speculative = vanilla '
+                f"({len(spec_tokens)} tokens)</div>")
+    first = next((i for i in range(n) if spec_tokens[i] != van_tokens[i]), n)
+    if greedy:
+        why = ("in half precision a tree forward can flip near-tie argmaxes" if dtype in ("bfloat16", "float16")
+               else "greedy decoding must match: this is a bug")
+        return (f'<div class="badge bad" data-identical="false">✘ outputs differ from token {first} on '
+                f"({why})</div>")
+    return (f'<div class="badge info" data-identical="false">≠ outputs differ from token {first} on: expected when '
+            "sampling (both are exact samples from the target, drawn with different random numbers)</div>")
+
+
+def summary_markdown(method: str, spec: dict, van: dict | None) -> str:
+    def ms(x: float) -> str:
+        return f"{x:.0f}"
+
+    rows = [("tokens", spec["tokens"], van["tokens"] if van else "–"),
+            ("target forwards (after prefill)", spec["forwards"], van["forwards"] if van else "–"),
+            ("τ (tokens / forward)", f"{spec['tau']:.2f}", f"{van['tau']:.2f}" if van else "–"),
+            ("wall time (s)", f"{spec['wall_s']:.2f}", f"{van['wall_s']:.2f}" if van else "–"),
+            ("tokens / s", f"{spec['tokens_per_s']:.1f}", f"{van['tokens_per_s']:.1f}" if van else "–"),
+            ("prefill / draft / verify / other (ms)",
+             " / ".join(ms(spec[k]) for k in ("prefill_ms", "draft_ms", "verify_ms", "other_ms")),
+             " / ".join(ms(van[k]) for k in ("prefill_ms", "draft_ms", "verify_ms", "other_ms")) if van else "–")]
+    lines = [f"| | {method} | vanilla |", "|---|---:|---:|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    if van and spec["wall_s"] > 0:
+        speed = van["wall_s"] / spec["wall_s"]
+        head = f"### Speed-up: **{speed:.2f}×** (vanilla wall time / speculative wall time)"
+    else:
+        head = "### Speculative decode only (no vanilla run in this trace)"
+    return head + "\n\n" + "\n".join(lines)
+
+
+def step_markdown(tr: dict, label_decode: Callable[[list[int]], str], n_steps: int) -> str:
+    toks = tr.get("tokens") or []
+    depths = tr.get("token_depths") or []
+    parts = [f"`{viz.token_label(label_decode([t]), 16)}`" + (" (bonus)" if d == 0 else f" (d{d})") for t, d in zip(toks, depths)]
+    return (f"**Step {tr.get('step', 0)} of {n_steps - 1}** emitted {len(toks)} token(s): " + ", ".join(parts)
+            + (f" · finished: {tr['finished']}" if tr.get("finished") else ""))
+
+
+# -- the UI -----------------------------------------------------------------------------------------
+def build_app(target: Target | None = None, drafter_dir: str | Path | None = None,
+              eagle3_dir: str | Path | None = None, precompute: bool | None = None) -> gr.Blocks:
+    """The Gradio Blocks app. `target`: an already loaded Target (default: FASTEAGLE_TARGET or the
+    embedded model); `precompute`: decode first, then animate (always on ZeroGPU)."""
+    global ENGINE
+    if target is None:
+        target = load_target(os.environ.get("FASTEAGLE_TARGET") or None, os.environ.get("FASTEAGLE_DEVICE") or None,
+                             os.environ.get("FASTEAGLE_DTYPE") or None)
+    engine = Engine(target, Path(drafter_dir) if drafter_dir else None, Path(eagle3_dir) if eagle3_dir else None)
+    ENGINE = engine
+    if precompute is None:
+        precompute = spaces is not None or os.environ.get("FASTEAGLE_PRECOMPUTE", "") not in ("", "0")
+    if spaces is None:
+        engine.warmup()
+    on_gpu = target.device.type == "cuda"
+    methods = [m.label for m in engine.available]
+    missing = [m for m in engine.methods if not m.available and m.key == "fasteagle"]
+    dtype = str(target.dtype).replace("torch.", "")
+    cmap = viz.color_map()
+
+    with gr.Blocks(title="FastEagle: speculative decoding, step by step") as demo:
+        gr.Markdown("# FastEagle: speculative decoding, step by step\n"
+                    f"Target **{target.name}** · " + device_text(target))
+        if missing:
+            gr.Markdown(f"⚠️ **FastEagle is not available:** {missing[0].note}", elem_id="drafter-warning")
+        run_state = gr.State(None)
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
+                                    placeholder="Ask something, or pick an example below")
+                gr.Examples(examples=[[p] for p in prompt_examples()], inputs=[prompt], label="Examples",
+                            examples_per_page=8)
+                method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method")
+                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=64 if not on_gpu else 128, step=1,
+                                    label="Max new tokens", elem_id="max-new")
+                with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
+                    tree_k = gr.Textbox(value="10" if on_gpu else "4", label="Top-k per depth",
+                                        info="one number, or one per depth: 8,4,2")
+                    budget = gr.Slider(2, 128, value=60 if on_gpu else 16, step=1, label="Node budget",
+                                       info="tree nodes verified per step, root included")
+                seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
+                run_btn = gr.Button("Run", variant="primary", elem_id="run")
+            with gr.Column(scale=3):
+                with gr.Row(equal_height=False):
+                    with gr.Column():
+                        spec_stats = gr.Markdown("**speculative** · not run yet", elem_id="spec-stats",
+                                                 elem_classes="stats")
+                        spec_reply = gr.HighlightedText(label="Speculative reply: colour = how each token was made",
+                                                        color_map=cmap, show_legend=True, show_inline_category=False,
+                                                        combine_adjacent=False, elem_id="spec-reply")
+                    with gr.Column():
+                        van_stats = gr.Markdown("**vanilla** · not run yet", elem_id="vanilla-stats",
+                                                elem_classes="stats")
+                        van_reply = gr.HighlightedText(label="Vanilla reply (every token is the target's own)",
+                                                       color_map=cmap, show_legend=False, show_inline_category=False,
+                                                       combine_adjacent=False, elem_id="vanilla-reply")
+                badge = gr.HTML('<div class="badge info">run a prompt to compare the outputs</div>',
+                                elem_id="identical-badge")
+                tree_plot = gr.Plot(value=viz.empty_figure(), show_label=False, elem_id="tree-plot")
+                # The static maximum bounds what the server accepts; each run narrows the visible range.
+                step_slider = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Replay step (after a run)",
+                                        interactive=False, elem_id="step-slider")
+                step_info = gr.Markdown("", elem_id="step-info")
+        summary = gr.Markdown("", elem_id="summary")
+        with gr.Row():
+            hist_plot = gr.Plot(value=viz.empty_figure("accepted length per step", 280), show_label=False,
+                                elem_id="hist-plot")
+            depth_plot = gr.Plot(value=viz.empty_figure("acceptance per depth", 280), show_label=False,
+                                 elem_id="depth-plot")
+            time_plot = gr.Plot(value=viz.empty_figure("draft vs verify time", 280), show_label=False,
+                                elem_id="time-plot")
+        with gr.Row():
+            download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download", interactive=False)
+            upload = gr.UploadButton("Replay a trace file…", file_types=[".json"], type="filepath", elem_id="upload")
+        with gr.Accordion("How it works (for students)", open=False):
+            gr.Markdown(EXPLAINER)
+
+        all_outputs = [spec_stats, spec_reply, van_stats, van_reply, badge, tree_plot, step_slider, step_info,
+                       summary, hist_plot, depth_plot, time_plot, download, run_state]
+
+        def finish(run: dict, label: Callable[[int], str]) -> dict:
+            """Every end-of-run output from a run record (a fresh run or an uploaded file)."""
+            meta, sides = run.get("meta", {}), run["sides"]
+            spec, van = sides["speculative"], sides.get("vanilla")
+            mlabel = meta.get("method", "speculative")
+            s_sum = spec.get("summary") or viz.summarize(spec["traces"])
+            v_sum = (van.get("summary") or viz.summarize(van["traces"])) if van else None
+            traces = spec["traces"]
+            n = len(traces)
+            upd = {
+                spec_stats: _fmt_stats("speculative", traces[-1], s_sum["wall_s"], mlabel),
+                spec_reply: viz.highlighted(spans_from_json(spec.get("spans") or [])),
+                summary: summary_markdown(mlabel, s_sum, v_sum),
+                hist_plot: viz.acceptance_histogram(traces),
+                depth_plot: viz.depth_acceptance_chart(traces),
+                time_plot: viz.time_split_chart({mlabel: s_sum} | ({"vanilla": v_sum} if v_sum else {})),
+                tree_plot: viz.tree_figure(traces[-1], label),
+                step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, step=1, interactive=True),
+                step_info: step_markdown(traces[-1], label, n),
+                run_state: run,
+            }
+            if van:
+                upd[van_stats] = _fmt_stats("vanilla", van["traces"][-1], v_sum["wall_s"])
+                upd[van_reply] = viz.highlighted(spans_from_json(van.get("spans") or []))
+                s_toks = [t for tr in traces for t in tr["tokens"]]
+                v_toks = [t for tr in van["traces"] for t in tr["tokens"]]
+                upd[badge] = badge_html(s_toks, v_toks, float(meta.get("temperature", 0)) <= 0, meta.get("dtype", ""))
+            else:
+                upd[van_stats] = "**vanilla** · not in this trace"
+                upd[van_reply] = []
+                upd[badge] = '<div class="badge info">no vanilla decode in this trace</div>'
+            return upd
+
+        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed):
+            try:
+                req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed)
+                ids = engine.prompt_ids(req)
+                drafter = engine.drafter(req)  # loaded here (cached) so that a bad checkpoint warns early
+            except FastEagleError as exc:
+                gr.Warning(str(exc))
+                return
+            mlabel = req.method.label
+            yield {spec_stats: _fmt_stats("speculative", None, 0), van_stats: _fmt_stats("vanilla", None, 0),
+                   spec_reply: [], van_reply: [], summary: "", step_info: "",
+                   badge: '<div class="badge info">decoding…</div>',
+                   step_slider: gr.Slider(interactive=False),
+                   tree_plot: viz.empty_figure("prefill: the target reads the prompt…")}
+            try:
+                if precompute:
+                    result = _decode_both_gpu(req)
+                    if "error" in result:
+                        raise FastEagleError(result["error"])
+                    events = _animate(result)
+                else:
+                    events = _live(ids, drafter, req)
+                builders = {"speculative": viz.SpanBuilder(engine.decode_text),
+                            "vanilla": viz.SpanBuilder(engine.decode_text)}
+                record = {"speculative": {"traces": [], "elapsed": []}, "vanilla": {"traces": [], "elapsed": []}}
+                last_frame = 0.0
+                for side, tr, spent in events:
+                    record[side]["traces"].append(tr)
+                    record[side]["elapsed"].append(spent)
+                    builders[side].add_trace(tr)
+                    now = time.perf_counter()
+                    if now - last_frame < FRAME_S and not tr.get("finished"):
+                        continue
+                    last_frame = now
+                    if side == "speculative":
+                        yield {spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
+                               spec_reply: viz.highlighted(builders[side].spans),
+                               tree_plot: viz.tree_figure(tr, engine.label_decode)}
+                    else:
+                        yield {van_stats: _fmt_stats("vanilla", tr, spent),
+                               van_reply: viz.highlighted(builders[side].spans)}
+                sides = {}
+                for side, rec in record.items():
+                    sides[side] = {"traces": rec["traces"], "elapsed": rec["elapsed"],
+                                   "spans": spans_to_json(builders[side].spans),
+                                   "summary": viz.summarize(rec["traces"], rec["elapsed"][-1] if rec["elapsed"] else 0)}
+                ids_seen = {t for rec in record.values() for tr in rec["traces"]
+                            for t in tr["tokens"] + ((tr.get("tree") or {}).get("tokens") or [])}
+                meta = {"prompt": req.prompt, "method": mlabel, "method_key": req.method.key,
+                        "temperature": req.temperature, "max_new_tokens": req.max_new_tokens, "tree_k": req.tree_k,
+                        "tree_budget": req.tree_budget, "seed": req.seed, "target": target.name,
+                        "device": str(target.device), "dtype": dtype, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+                run = viz.make_run_file(meta, sides, {i: engine.label(i) for i in sorted(ids_seen)})
+                path = Path(tempfile.mkdtemp(prefix="fasteagle-")) / f"fasteagle-trace-{time.strftime('%H%M%S')}.json"
+                path.write_text(viz.trace_io.dumps(run), encoding="utf-8")
+                upd = finish(run, engine.label_decode)
+                upd[download] = gr.DownloadButton(value=str(path), interactive=True)
+                yield upd
+            except FastEagleError as exc:
+                gr.Warning(str(exc))
+            except Exception as exc:  # keep the app alive; the details go to the server log only
+                log.exception("decoding failed")
+                gr.Warning(f"decoding failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+        def _live(ids, drafter, req):
+            for side, d in (("speculative", drafter), ("vanilla", None)):
+                for tr, spent in engine.steps(ids, d, req):
+                    yield side, tr, spent
+
+        def _animate(result):
+            for side in ("speculative", "vanilla"):
+                traces, elapsed = result[side]["traces"], result[side]["elapsed"]
+                pause = min(0.08, ANIMATE_S / max(len(traces), 1))
+                for tr, spent in zip(traces, elapsed):
+                    yield side, tr, spent
+                    time.sleep(pause)
+
+        def on_step(step, run):
+            if not run:
+                return gr.skip(), gr.skip()
+            traces = run["sides"]["speculative"]["traces"]
+            try:
+                i = min(max(int(step or 0), 0), len(traces) - 1)
+            except (TypeError, ValueError):
+                return gr.skip(), gr.skip()
+            label = _run_labeler(run)
+            return viz.tree_figure(traces[i], label), step_markdown(traces[i], label, len(traces))
+
+        def _run_labeler(run):
+            table = run.get("token_labels") or {}
+            return lambda ids: "".join(table[i] if i in table else engine.label(i) for i in ids)
+
+        def on_upload(path):
+            try:
+                if not path:
+                    raise viz.TraceFileError("no file")
+                p = Path(path if isinstance(path, str) else getattr(path, "name", path))
+                if p.stat().st_size > viz.trace_io.MAX_BYTES:
+                    raise viz.TraceFileError(f"the file is larger than {viz.trace_io.MAX_BYTES >> 20} MB")
+                run = viz.parse_run_file(p.read_bytes())
+                for side in run["sides"].values():  # a file without stored spans: rebuild them here
+                    if not side.get("spans"):
+                        side["spans"] = spans_to_json(viz.token_spans(side["traces"], engine.decode_text))
+                return finish(run, _run_labeler(run))
+            except (viz.TraceFileError, OSError) as exc:
+                gr.Warning(f"cannot replay this file: {exc}")
+            except Exception as exc:  # a file that passed validation but is still odd
+                log.exception("replaying an uploaded trace failed")
+                gr.Warning(f"cannot replay this file: {type(exc).__name__}")
+            return {}
+
+        run_btn.click(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed], all_outputs,
+                      api_name="run", concurrency_limit=1, concurrency_id="decode")
+        prompt.submit(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed], all_outputs,
+                      api_visibility="private", concurrency_limit=1, concurrency_id="decode")
+        step_slider.change(on_step, [step_slider, run_state], [tree_plot, step_info], api_name="replay_step",
+                           queue=False, show_progress="hidden")
+        upload.upload(on_upload, [upload], all_outputs, api_name="replay_file", queue=False)
+    demo.queue(default_concurrency_limit=1)
+    return demo
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        demo = build_app()
+    except FastEagleError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), theme=theme(), css=CSS,
+                show_error=False)
+
+
+def theme() -> gr.themes.Base:
+    """System fonts only: no font download (the app must work offline)."""
+    return gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                          font_mono=["ui-monospace", "Consolas", "monospace"])
+
+
+if __name__ == "__main__":
+    main()

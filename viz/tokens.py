@@ -1,0 +1,126 @@
+"""Tokens as people read them: visible whitespace for tree labels, and the reply as spans that say
+how each token was produced (the target's own bonus token, or a draft token accepted at depth d).
+
+Everything here is pure: it takes token ids (from `StepTrace`s) and a `decode(ids) -> str`
+callable, never a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+Decode = Callable[[list[int]], str]
+
+BONUS = "target (bonus)"
+MAX_LABEL = 10  # characters of a tree label before it is cut with '…'
+_VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+# Span colours: the target's own tokens in a cool grey-blue, accepted drafts in greens that
+# deepen with depth (a deeper accepted draft saved more target forwards).
+BONUS_COLOR = "#cfd8e6"
+DEPTH_COLORS = ["#d9f0d3", "#b8e3b0", "#93d18c", "#6fbf6a", "#4daa4d", "#34913a", "#22782d", "#135f22"]
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible: ' ' -> '␣', newline -> '↵', tab -> '⇥'."""
+    return "".join(_VISIBLE.get(c, c) for c in text)
+
+
+def token_label(text: str, limit: int = MAX_LABEL) -> str:
+    """A short, readable tree label for one token's text ('∅' for an empty one)."""
+    label = visible(text) or "∅"
+    return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
+def depth_category(depth: int) -> str:
+    """The span category of a token: the bonus token (depth 0) or an accepted draft at depth d."""
+    return BONUS if depth <= 0 else f"draft d{depth}"
+
+
+def depth_color(depth: int) -> str:
+    return BONUS_COLOR if depth <= 0 else DEPTH_COLORS[min(depth, len(DEPTH_COLORS)) - 1]
+
+
+def color_map(max_depth: int = len(DEPTH_COLORS)) -> dict[str, str]:
+    """Category -> colour for `gr.HighlightedText` (the bonus first, then depths 1..max_depth)."""
+    return {depth_category(d): depth_color(d) for d in range(0, max_depth + 1)}
+
+
+def label_decoder(decode: Decode | Mapping[int, str]) -> Callable[[int], str]:
+    """One-token text for labels, from a decode callable or a stored {token id: text} map."""
+    if isinstance(decode, Mapping):
+        table = {int(k): v for k, v in decode.items()}
+        return lambda tid: table.get(int(tid), f"#{tid}")
+    return lambda tid: decode([int(tid)])
+
+
+@dataclass
+class Span:
+    text: str
+    depth: int  # of the token that completed the text (0: bonus)
+    step: int
+    token_ids: list[int]
+
+    @property
+    def category(self) -> str:
+        return depth_category(self.depth)
+
+
+class SpanBuilder:
+    """Incremental token -> text spans. Each token's text is the difference between decoding a
+    short window ending at it and the same window without it, so a token that starts a word keeps
+    its space whatever the tokenizer does at sequence starts. A token that ends inside a multi-byte
+    character is merged into the span of the token that completes it."""
+
+    WINDOW = 6
+
+    def __init__(self, decode: Decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.pending = 0  # index of the first token not yet covered by a span
+        self.spans: list[Span] = []
+
+    def add(self, tokens: Iterable[int], depths: Iterable[int], step: int) -> list[Span]:
+        new = []
+        for tok, depth in zip(tokens, depths):
+            self.ids.append(int(tok))
+            end = len(self.ids)
+            ctx = max(0, self.pending - self.WINDOW)
+            before = self.decode(self.ids[ctx:self.pending]) if self.pending > ctx else ""
+            full = self.decode(self.ids[ctx:end])
+            if full.endswith("\ufffd"):
+                continue  # an incomplete character: wait for the next token
+            text = full[len(before):] if full.startswith(before) else self.decode(self.ids[self.pending:end])
+            span = Span(text, int(depth), step, self.ids[self.pending:end])
+            self.pending = end
+            if text:
+                new.append(span)
+        self.spans.extend(new)
+        return new
+
+    def add_trace(self, trace: Mapping) -> list[Span]:
+        return self.add(trace["tokens"], trace["token_depths"], int(trace.get("step", 0)))
+
+
+def token_spans(traces: Iterable[Mapping], decode: Decode) -> list[Span]:
+    """The reply of a whole decode as spans, one per token (empty texts such as a skipped
+    end-of-turn token are dropped)."""
+    b = SpanBuilder(decode)
+    for tr in traces:
+        b.add_trace(tr)
+    return b.spans
+
+
+def highlighted(spans: Iterable[Span]) -> list[tuple[str, str]]:
+    """`gr.HighlightedText` value: (text, category) pairs."""
+    return [(s.text, s.category) for s in spans]
+
+
+def spans_to_json(spans: Iterable[Span]) -> list[dict]:
+    return [{"text": s.text, "depth": s.depth, "step": s.step, "token_ids": s.token_ids} for s in spans]
+
+
+def spans_from_json(rows: Iterable[Mapping]) -> list[Span]:
+    return [Span(str(r["text"]), int(r["depth"]), int(r.get("step", 0)), [int(t) for t in r.get("token_ids", [])])
+            for r in rows]

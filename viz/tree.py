@@ -1,0 +1,186 @@
+"""One step's draft tree as a Plotly figure.
+
+Nodes are tokens laid out by depth (x) and leaf order (y): every leaf gets its own row and an inner
+node sits on the row of its first child, so a drafted chain (FastEagle's backbone, a lookup
+continuation) reads as one line of text and side branches hang below it. The figure's height is
+`rows * ROW_PX` plus margins, which keeps labels from ever overlapping vertically.
+
+Colours give the verifier's verdict per node; the accepted path is one thick line trace named
+`ACCEPTED_PATH`; the target's own (bonus) token after the path is drawn as an extra node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import plotly.graph_objects as go
+
+from viz.tokens import Decode, label_decoder, token_label
+
+NEVER_REACHED, ACCEPTED, REJECTED = 0, 1, 2
+VERDICTS = {ACCEPTED: "accepted", REJECTED: "rejected", NEVER_REACHED: "never reached"}
+VERDICT_COLORS = {ACCEPTED: "#2ca02c", REJECTED: "#d62728", NEVER_REACHED: "#b4b4b4"}
+BONUS_COLOR = "#1f77b4"
+ACCEPTED_PATH = "accepted path"
+BONUS_NAME = "bonus token"
+
+LABEL_FONT_PX = 12  # label font size
+LABEL_HEIGHT_PX = 16  # one line of LABEL_FONT_PX text, line spacing included
+MARKER_PX = 12
+ROW_PX = 40  # >= LABEL_HEIGHT_PX + MARKER_PX: a label sits above its marker
+MARGIN = {"l": 30, "r": 30, "t": 44, "b": 84}  # bottom: the depth axis, then the legend
+MIN_HEIGHT = 260
+
+
+@dataclass
+class Layout:
+    x: list[float]  # per node (tree nodes, then the bonus node if any)
+    y: list[float]  # row index, 0 at the top
+    rows: int
+    parents: list[int]
+    bonus: int | None  # index of the virtual bonus node, if drawn
+
+
+def tree_layout(parents: list[int], bonus_parent: int | None = None) -> Layout:
+    """x = depth, y = leaf row. With `bonus_parent`, a virtual last child of that node is added
+    (index len(parents)): the target's bonus token."""
+    parents = [int(p) for p in parents]
+    bonus = None
+    if bonus_parent is not None:
+        bonus = len(parents)
+        parents = parents + [int(bonus_parent)]
+    n = len(parents)
+    children: list[list[int]] = [[] for _ in range(n)]
+    roots = []
+    for i, p in enumerate(parents):
+        (children[p] if 0 <= p < n else roots).append(i)
+    depth = [0] * n
+    y: list[float] = [0.0] * n
+    row = 0
+    for r in roots:  # iterative post-order: leaves take rows in DFS order
+        stack = [(r, False)]
+        while stack:
+            i, done = stack.pop()
+            if done:
+                y[i] = y[children[i][0]]
+                continue
+            if not children[i]:
+                y[i] = float(row)
+                row += 1
+                continue
+            stack.append((i, True))
+            for c in reversed(children[i]):
+                depth[c] = depth[i] + 1
+                stack.append((c, False))
+    return Layout([float(d) for d in depth], y, max(row, 1), parents, bonus)
+
+
+def figure_height(rows: int) -> int:
+    return max(MIN_HEIGHT, MARGIN["t"] + MARGIN["b"] + rows * ROW_PX)
+
+
+def empty_figure(message: str = "Run a prompt to see each step's draft tree.", height: int = MIN_HEIGHT) -> go.Figure:
+    """A placeholder (gr.Plot needs a figure at load, or Plotly drops the first frames)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font={"size": 14, "color": "#666"})
+    fig.update_layout(height=height, margin=MARGIN, xaxis={"visible": False}, yaxis={"visible": False},
+                      plot_bgcolor="white", paper_bgcolor="white")
+    return fig
+
+
+def _bonus_token(step: Mapping) -> int | None:
+    """The target's own token emitted after the accepted path (absent when the step was cut)."""
+    toks, depths = step.get("tokens") or [], step.get("token_depths") or []
+    return int(toks[-1]) if toks and depths and int(depths[-1]) == 0 else None
+
+
+def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], title: str | None = None) -> go.Figure:
+    """Plotly figure of one `StepTrace.to_dict()`: nodes coloured by verdict, the accepted path as
+    one line trace, hover with token id, depth, draft and target probabilities."""
+    label_of: Callable[[int], str] = label_decoder(tokenizer_decode)
+    tree = step.get("tree")
+    if not tree:
+        toks = step.get("tokens") or []
+        first = token_label(label_of(toks[0]), 24) if toks else "∅"
+        return empty_figure(f"step {step.get('step', 0)}: prefill — the target read the prompt and chose its "
+                            f"first token itself: “{first}”")
+    tokens = [int(t) for t in tree["tokens"]]
+    n = len(tokens)
+    status = [int(s) for s in (step.get("status") or [ACCEPTED] + [NEVER_REACHED] * (n - 1))]
+    tprobs = [float(p) for p in (step.get("target_probs") or [1.0] * n)]
+    dprobs = [float(p) for p in (tree.get("draft_probs") or [1.0] * n)]
+    sources = [int(s) for s in (tree.get("sources") or [0] * n)]
+    path = [int(i) for i in (step.get("path") or [0])]
+    bonus_tok = _bonus_token(step)
+    lay = tree_layout(tree["parents"], path[-1] if bonus_tok is not None else None)
+    texts = [label_of(t) for t in tokens]
+    labels = [token_label(t) for t in texts]
+
+    fig = go.Figure()
+    # Edges (one trace, None-separated segments).
+    ex, ey = [], []
+    for i in range(1, n):
+        p = lay.parents[i]
+        if p >= 0:
+            ex += [lay.x[p], lay.x[i], None]
+            ey += [lay.y[p], lay.y[i], None]
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="edges", hoverinfo="skip", showlegend=False,
+                             line={"color": "#d0d0d0", "width": 1.5}))
+    # The accepted path: exactly the accepted nodes, root first.
+    fig.add_trace(go.Scatter(x=[lay.x[i] for i in path], y=[lay.y[i] for i in path], mode="lines",
+                             name=ACCEPTED_PATH, hoverinfo="skip",
+                             line={"color": VERDICT_COLORS[ACCEPTED], "width": 6}, opacity=0.45))
+    # Nodes, one trace per verdict (each always present so the legend stays put).
+    for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):
+        idx = [i for i in range(n) if status[i] == verdict]
+        fig.add_trace(go.Scatter(
+            x=[lay.x[i] for i in idx], y=[lay.y[i] for i in idx], mode="markers+text", name=VERDICTS[verdict],
+            text=[labels[i] for i in idx], textposition="top center",
+            textfont={"size": LABEL_FONT_PX, "family": "monospace"},
+            marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1}},
+            customdata=[[i, tokens[i], int(lay.x[i]), dprobs[i], tprobs[i], sources[i], repr(texts[i])]
+                        for i in idx],
+            hovertemplate=("node %{customdata[0]}: %{customdata[6]}<br>token id %{customdata[1]}<br>"
+                           "depth %{customdata[2]} (drafter layer %{customdata[5]})<br>"
+                           "draft p %{customdata[3]:.3f}<br>target p %{customdata[4]:.3f}<br>"
+                           f"{VERDICTS[verdict]}<extra></extra>"),
+        ))
+    if lay.bonus is not None:
+        b, p = lay.bonus, path[-1]
+        btext = label_of(bonus_tok)
+        fig.add_trace(go.Scatter(
+            x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines+markers+text", name=BONUS_NAME,
+            text=["", token_label(btext)], textposition="top center",
+            textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": BONUS_COLOR},
+            line={"color": BONUS_COLOR, "width": 2, "dash": "dot"},
+            marker={"size": [0, MARKER_PX + 4], "color": BONUS_COLOR, "symbol": "star"},
+            customdata=[["", ""], [bonus_tok, repr(btext)]],
+            hovertemplate="%{customdata[1]}<br>token id %{customdata[0]}<br>the target's own token after the "
+                          "accepted path<extra></extra>",
+        ))
+    accepted = len(path) - 1
+    if title is None:
+        title = (f"step {step.get('step', '?')}: {n - 1} drafted, {accepted} accepted"
+                 f"{' + 1 bonus' if bonus_tok is not None else ''} · draft {float(step.get('draft_ms', 0)):.0f} ms"
+                 f" · verify {float(step.get('verify_ms', 0)):.0f} ms")
+    max_x = max(lay.x) if lay.x else 0
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 14}},
+        height=figure_height(lay.rows), margin=MARGIN, plot_bgcolor="white", paper_bgcolor="white",
+        legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
+        xaxis={"title": {"text": "depth (0 = root: the last token the target chose)", "font": {"size": 11}},
+               "range": [-0.5, max_x + 0.5], "dtick": 1, "showgrid": True, "gridcolor": "#f2f2f2",
+               "zeroline": False, "fixedrange": True},
+        yaxis={"range": [lay.rows - 0.5, -0.6], "visible": False, "fixedrange": True},
+        hoverlabel={"font": {"family": "monospace"}},
+    )
+    return fig
+
+
+def row_spacing_px(fig: go.Figure) -> float:
+    """Pixels between two adjacent rows of a figure made by `tree_figure`."""
+    lo, hi = fig.layout.yaxis.range
+    plot_h = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    return plot_h / abs(hi - lo)
