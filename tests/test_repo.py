@@ -1,0 +1,44 @@
+"""Repository wiring that must stay true: the README's two commands, CI calling the README's
+test command, pinned versions, the Space header."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```bash\n(.+?)\n```", text)[:2]
+
+
+def test_readme_starts_with_space_header_and_two_commands():
+    text = (ROOT / "README.md").read_text()
+    header = text.split("---")[1]
+    for key in ("sdk: gradio", "app_file: app.py", "sdk_version: 6.31.0"):
+        assert key in header
+    app, tests = readme_commands()
+    assert app.endswith("python app.py") and "requirements.txt" in app
+    assert "pytest" in tests
+
+
+def test_ci_runs_the_readme_test_command_and_fails_on_no_tests():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert readme_commands()[1] in ci.splitlines()
+    assert '"$rc" -eq 5' in ci
+
+
+def test_space_sdk_version_matches_requirements():
+    reqs = (ROOT / "requirements.txt").read_text()
+    assert "gradio==6.31.0" in reqs
+    assert re.search(r"^torch==\d", reqs, re.M), "torch must be pinned (a range pulls a CUDA build)"
+
+
+def test_default_drafter_ships_with_a_model_card():
+    d = ROOT / "assets" / "drafters" / "smollm2-135m-fasteagle"
+    assert (d / "config.json").exists() and (d / "model.safetensors").exists()
+    card = (d / "README.md").read_text()
+    for needed in ("python -m fasteagle train", "hardware", "acceptance"):
+        assert needed in card.lower() or needed in card
