@@ -13,7 +13,7 @@ from typing import Iterator, Protocol
 import torch
 
 from fasteagle.errors import FastEagleError
-from fasteagle.kvcache import KVCache
+from fasteagle.kvcache import ContextOverflowError, KVCache
 from fasteagle.target import Target
 from fasteagle.tree import DraftTree, make_tree, path_tree, root_only
 from fasteagle.verify import SamplingParams, Verdict, tree_forward, verify
@@ -122,6 +122,11 @@ def generate(
         )
     if max_new_tokens < 1:
         raise FastEagleError("max_new_tokens must be at least 1")
+    if input_ids.numel() + max_new_tokens - 1 > capacity:  # the last token never enters the cache
+        raise ContextOverflowError(
+            f"context too long: {input_ids.numel()} prompt + {max_new_tokens} new tokens exceed the cache "
+            f"capacity {capacity}; shorten the prompt or lower max_new_tokens"
+        )
     cache = KVCache.for_model(model, capacity)
     generator = torch.Generator().manual_seed(seed)
     feature_layers = tuple(drafter.feature_layers) if drafter else ()
@@ -151,6 +156,7 @@ def generate(
             step += 1
             t0 = time.perf_counter()
             tree = drafter.draft(root) if drafter else root_only(root, dev)
+            tree = _fit(tree, capacity - cache.length)
             _synchronize(dev)
             t1 = time.perf_counter()
             logits, feats = tree_forward(model, cache, tree, feature_layers)
@@ -175,6 +181,16 @@ def generate(
                 tree=tree.to_dict(), status=verdict.status.tolist(), target_probs=verdict.target_probs.tolist(),
                 path=verdict.path.tolist(), generated=generated, forwards=forwards, finished=finished,
             )
+
+
+def _fit(tree: DraftTree, room: int) -> DraftTree:
+    """The tree's first `room` nodes (a topological prefix is a tree too) when the cache has no room
+    for all of it, so a tight cache or a big tree shortens the draft instead of failing mid-reply."""
+    if tree.size <= room:
+        return tree
+    n = max(room, 1)
+    return DraftTree(tree.tokens[:n], tree.parents[:n], tree.depths[:n], tree.draft_probs[:n], tree.sources[:n],
+                     tree.ancestors[:n, :n])
 
 
 def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:

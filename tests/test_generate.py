@@ -1,0 +1,338 @@
+"""fasteagle.generate: the decoding loop.
+
+Greedy fp32 losslessness (speculative output == vanilla output, token for token) on tiny targets
+with random, oracle-ish and lookup drafters over many tree shapes, and on the real default model;
+stop tokens inside accepted chunks, max_new_tokens boundaries, context overflow, StepTrace I/O.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fasteagle.errors import FastEagleError
+from fasteagle.generate import StepTrace, chat_prompt_ids, generate, run
+from fasteagle.kvcache import ContextOverflowError
+from fasteagle.lookup import LookupDrafter
+from fasteagle.tree import DraftTree
+from fasteagle.verify import ACCEPTED, SamplingParams
+from tests.conftest import TINY_VOCAB, tiny_target
+from tests.drafters import OracleDrafter, RandomDrafter
+
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def targets(tiny):
+    """The shared tiny target (2 layers, sdpa) and a 3-layer eager-attention one."""
+    return {"sdpa": tiny, "eager": tiny_target(seed=1, layers=3, attn="eager")}
+
+
+def tiny_prompt(seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 + seed)
+    n = int(torch.randint(2, 40, (), generator=gen))
+    return torch.randint(4, TINY_VOCAB, (n,), generator=gen)
+
+
+_VANILLA: dict = {}
+
+
+def vanilla(target, ids: torch.Tensor, max_new: int = MAX_NEW, **kw) -> list[int]:
+    key = (id(target), tuple(ids.tolist()), max_new, tuple(sorted(kw.items())))
+    if key not in _VANILLA:
+        _VANILLA[key] = run(target, ids, max_new_tokens=max_new, **kw)[0]
+    return _VANILLA[key]
+
+
+def accepted_depths(traces: list[StepTrace]) -> list[int]:
+    """Depth of the deepest accepted draft node, per verification step."""
+    return [max(tr.token_depths) for tr in traces[1:]]
+
+
+def side_leaf_accepts(traces: list[StepTrace]) -> int:
+    """Steps whose deepest accepted node is a side leaf (not the first node of its depth)."""
+    n = 0
+    for tr in traces[1:]:
+        last = tr.path[-1]
+        depths = tr.tree["depths"]
+        if last != 0 and depths.index(depths[last]) != last:
+            n += 1
+    return n
+
+
+# -- greedy losslessness on tiny targets -----------------------------------------------------------
+
+SHAPES = [  # (shape, depth, k, budget)
+    ("chain", 1, 1, 64), ("chain", 2, 1, 64), ("chain", 5, 1, 64), ("chain", 8, 1, 64),
+    ("backbone", 1, 10, 11), ("backbone", 3, 2, 7), ("backbone", 4, [4, 3, 2, 1], 10), ("backbone", 6, 4, 16),
+    ("backbone", 8, 10, 64), ("backbone", 5, 10, 64), ("backbone", 8, 10, 5),
+    ("backbone", 8, [10, 8, 6, 4, 3, 2, 2, 1], 30), ("backbone", 3, 1, 64),
+]
+SEEDS = range(3)
+
+
+@pytest.mark.parametrize("shape,depth,k,budget", SHAPES)
+def test_greedy_lossless_random_and_oracle_drafters(targets, shape, depth, k, budget):
+    taus, deepest, side = [], 0, 0
+    for name, target in targets.items():
+        for seed in SEEDS:
+            ids = tiny_prompt(seed)
+            ref = vanilla(target, ids)
+            out, traces = run(target, ids, drafter=RandomDrafter(TINY_VOCAB, shape, depth, k, budget, seed=seed),
+                              max_new_tokens=MAX_NEW)
+            assert out == ref, f"random drafter differs from vanilla ({name}, seed {seed})"
+            assert all(tr.tree is not None and len(tr.tree["tokens"]) <= max(budget, depth + 1)
+                       for tr in traces[1:])
+            drafter = OracleDrafter(ref, TINY_VOCAB, shape, depth, k, budget, seed=seed, corrupt=0.1, side=0.25)
+            out, traces = run(target, ids, drafter=drafter, max_new_tokens=MAX_NEW)
+            assert out == ref, f"oracle drafter differs from vanilla ({name}, seed {seed})"
+            taus.append(traces[-1].tau)
+            deepest = max(deepest, *accepted_depths(traces))
+            side += side_leaf_accepts(traces)
+    # the oracle really exercised the accept path: deep paths, and side leaves where the tree has any
+    spine = depth if shape == "chain" else min(depth, budget - 1)
+    assert sum(taus) / len(taus) > 1.0 + 0.4 * min(spine, 3), taus
+    assert deepest >= min(spine, 4)
+    kmax = k if isinstance(k, int) else max(k)
+    if shape == "backbone" and kmax > 1 and budget - 1 > spine:
+        assert side > 0, "no side leaf was ever accepted"
+
+
+def test_greedy_lossless_with_the_chat_template(tiny):
+    ids = chat_prompt_ids(tiny, "w10 w11 w12 w13", system="w20 w21")
+    assert ids.tolist()[:2] == [1, 5] and ids.tolist()[-2:] == [1, 6]
+    ref = vanilla(tiny, ids, 48)
+    for seed in range(2):
+        out, _ = run(tiny, ids, drafter=OracleDrafter(ref, TINY_VOCAB, "backbone", 8, 10, 64, seed=seed),
+                     max_new_tokens=48)
+        assert out == ref
+        out, _ = run(tiny, ids, drafter=RandomDrafter(TINY_VOCAB, "backbone", 8, 10, 64, seed=seed), max_new_tokens=48)
+        assert out == ref
+
+
+def test_greedy_lossless_lookup_drafter(targets):
+    accepted = forwards = 0
+    for name, target in targets.items():
+        for seed in range(4):
+            ids = tiny_prompt(10 + seed)
+            ref = vanilla(target, ids, 64)
+            for drafter in (LookupDrafter(), LookupDrafter(max_ngram=2, depth=5, branches=3)):
+                out, traces = run(target, ids, drafter=drafter, max_new_tokens=64)
+                assert out == ref, f"lookup drafter differs from vanilla ({name}, seed {seed})"
+                accepted += sum(len(tr.tokens) - 1 for tr in traces[1:])
+                forwards += traces[-1].forwards
+    # the tiny random model repeats itself: lookup must get real acceptances
+    assert accepted > 0.2 * forwards, (accepted, forwards)
+
+
+# -- greedy losslessness on the real default model -------------------------------------------------
+
+SMOLLM_PROMPTS = [
+    ("chat", "Hi! How are you today?"),
+    ("code", "Write a Python function that returns the factorial of n."),
+    ("list", "List five fruits that are red."),
+    ("math", "What is 17 times 23? Show your work."),
+    ("translate", "Translate 'good morning, my friend' into French and Spanish."),
+    ("summary", "Summarize the plot of Romeo and Juliet in two sentences."),
+    ("poem", "Write a haiku about autumn leaves."),
+    ("explain", "Explain what a hash table is to a beginner."),
+    ("json", "Return a JSON object with the keys name and age for Ana, who is 30."),
+    ("repeat", "Repeat exactly: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."),
+    ("sql", "Write an SQL query that selects all users older than 21 from a table named users."),
+]
+
+
+@pytest.mark.integration
+def test_greedy_lossless_real_model(smollm):
+    """Vanilla vs a random drafter (rejections with real numerics), the lookup drafter, and an
+    oracle drafter (multi-token acceptances) on the default model, fp32."""
+    vocab = smollm.model.config.vocab_size
+    new = 24
+    looked_up = forwards = 0
+    for i, (kind, prompt) in enumerate(SMOLLM_PROMPTS):
+        ids = chat_prompt_ids(smollm, prompt)
+        ref, traces = run(smollm, ids, max_new_tokens=new)
+        assert traces[-1].finished in ("eos", "length") and len(ref) <= new
+        shape = ("chain", 3, 1, 8) if i % 2 else ("backbone", 4, 3, 8)
+        out, _ = run(smollm, ids, drafter=RandomDrafter(vocab, *shape, seed=i), max_new_tokens=new)
+        assert out == ref, f"random drafter differs from vanilla on the {kind} prompt"
+        out, traces = run(smollm, ids, drafter=LookupDrafter(), max_new_tokens=new)
+        assert out == ref, f"lookup drafter differs from vanilla on the {kind} prompt"
+        looked_up += sum(len(tr.tokens) - 1 for tr in traces[1:])
+        forwards += traces[-1].forwards
+        if i % 3 == 0:
+            drafter = OracleDrafter(ref, vocab, "backbone", 6, 3, 16, seed=i, corrupt=0.2, side=0.2)
+            out, traces = run(smollm, ids, drafter=drafter, max_new_tokens=new)
+            assert out == ref, f"oracle drafter differs from vanilla on the {kind} prompt"
+            assert traces[-1].tau > 1.8
+    assert looked_up > 0
+
+
+# -- stop tokens and max_new_tokens ----------------------------------------------------------------
+
+def _deep_oracle(ref: list[int]) -> OracleDrafter:
+    """Always drafts the next 8 true tokens: each step accepts 8 + the bonus."""
+    return OracleDrafter(ref, TINY_VOCAB, "chain", 8, corrupt=0.0)
+
+
+def test_target_stop_ids(tiny):
+    assert tiny.stop_ids() == {2, 3}
+
+
+def test_stop_token_inside_an_accepted_chunk(tiny):
+    ids = tiny_prompt(3)
+    ref = vanilla(tiny, ids, 40)
+    firsts = [k for k, tok in enumerate(ref) if tok not in ref[:k]]
+    cut_inside = 0
+    for k in firsts[:12]:
+        stop = ref[k]
+        want = ref[: k + 1]
+        assert vanilla(tiny, ids, 40, stop_ids=frozenset({stop})) == want
+        out, traces = run(tiny, ids, drafter=_deep_oracle(ref), max_new_tokens=40, stop_ids={stop})
+        assert out == want, f"stop token at {k}"
+        last = traces[-1]
+        assert last.finished == "eos" and last.tokens[-1] == stop and last.generated == k + 1
+        assert all(tr.finished is None for tr in traces[:-1])
+        if k > 0:
+            produced = len(last.path)  # accepted drafts + the bonus
+            assert produced >= len(last.tokens)
+            cut_inside += produced > len(last.tokens)
+    assert cut_inside >= 5, "the stop token must have fallen inside accepted chunks"
+
+
+def test_stop_token_as_first_token(tiny):
+    ids = tiny_prompt(3)
+    first = vanilla(tiny, ids, 40)[0]
+    for drafter in (None, LookupDrafter(), RandomDrafter(TINY_VOCAB, "chain", 4)):
+        out, traces = run(tiny, ids, drafter=drafter, max_new_tokens=40, stop_ids={first})
+        assert out == [first] and len(traces) == 1 and traces[0].finished == "eos" and traces[0].forwards == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17])
+def test_max_new_tokens_is_exact(tiny, n):
+    ids = tiny_prompt(4)
+    ref = vanilla(tiny, ids, 40)
+    assert vanilla(tiny, ids, n) == ref[:n]
+    drafters = [_deep_oracle(ref), RandomDrafter(TINY_VOCAB, "backbone", 8, 10, 64), LookupDrafter()]
+    for drafter in drafters:
+        out, traces = run(tiny, ids, drafter=drafter, max_new_tokens=n)
+        assert out == ref[:n] and len(out) == n
+        assert traces[-1].finished == "length" and traces[-1].generated == n
+        assert all(tr.finished is None for tr in traces[:-1])
+    # with the deep oracle the last step accepted more than the room left: it was clipped
+    out, traces = run(tiny, ids, drafter=_deep_oracle(ref), max_new_tokens=n)
+    if n == 1:
+        assert len(traces) == 1 and traces[0].forwards == 0
+    else:
+        assert len(traces[-1].path) > len(traces[-1].tokens)
+    for params in (SamplingParams(0.8, 0.9), SamplingParams(1.0)):
+        out, _ = run(tiny, ids, drafter=_deep_oracle(ref), max_new_tokens=n, sampling=params, seed=n,
+                     stop_ids=set())
+        assert len(out) == n
+
+
+def test_bad_max_new_tokens(tiny):
+    with pytest.raises(FastEagleError, match="max_new_tokens"):
+        run(tiny, tiny_prompt(0), max_new_tokens=0)
+
+
+def test_empty_prompt(tiny):
+    with pytest.raises(FastEagleError, match="empty"):
+        chat_prompt_ids(tiny, "  ")
+
+
+# -- context overflow --------------------------------------------------------------------------------
+
+class _Spy(RandomDrafter):
+    def reset(self, capacity):
+        super().reset(capacity)
+        self.resets = getattr(self, "resets", 0) + 1
+
+
+def test_context_overflow_is_raised_before_any_work(tiny):
+    max_pos = tiny.model.config.max_position_embeddings
+    ids = torch.randint(4, TINY_VOCAB, (max_pos - 10,), generator=torch.Generator().manual_seed(0))
+    spy = _Spy(TINY_VOCAB)
+    spy.resets = 0
+    gen = generate(tiny, ids, drafter=spy, max_new_tokens=11)
+    with pytest.raises(FastEagleError) as info:
+        next(gen)  # nothing is yielded: the check comes before the prefill
+    msg = str(info.value)
+    assert "context too long" in msg and f"{max_pos - 10} prompt + 11 new tokens" in msg and str(max_pos) in msg
+    assert spy.resets == 0
+    out, _ = run(tiny, ids, max_new_tokens=10)  # exactly at the limit is fine
+    assert len(out) == 10
+
+
+def test_too_small_capacity_is_raised_before_any_work(tiny):
+    ids = tiny_prompt(5)
+    with pytest.raises(ContextOverflowError, match="capacity") as info:
+        next(generate(tiny, ids, max_new_tokens=30, capacity=ids.numel() + 10))
+    assert isinstance(info.value, FastEagleError)
+
+
+def test_trees_that_do_not_fit_the_cache_are_trimmed(tiny):
+    """A tight cache (or a tree larger than the room left) must not kill a run halfway."""
+    ids = tiny_prompt(5)
+    ref = vanilla(tiny, ids, 30)
+    for drafter in (RandomDrafter(TINY_VOCAB, "chain", 8), _deep_oracle(ref),
+                    RandomDrafter(TINY_VOCAB, "backbone", 8, 10, 64)):
+        out, traces = run(tiny, ids, drafter=drafter, max_new_tokens=30, capacity=ids.numel() + 30)
+        assert out == ref
+    out, traces = run(tiny, ids, drafter=RandomDrafter(TINY_VOCAB, "backbone", 8, 10, 64), max_new_tokens=30,
+                      tree_room=8)
+    assert out == ref
+    sizes = [len(tr.tree["tokens"]) for tr in traces[1:]]
+    assert max(sizes) <= 38 and min(sizes) < 64, sizes  # the 64-node trees were cut to the room left
+
+
+# -- traces --------------------------------------------------------------------------------------------
+
+def test_step_traces_are_consistent_and_round_trip_json(tiny):
+    ids = tiny_prompt(6)
+    ref = vanilla(tiny, ids, 40)
+    drafter = OracleDrafter(ref, TINY_VOCAB, "backbone", 6, 4, 20, seed=1, corrupt=0.2, side=0.3)
+    out, traces = run(tiny, ids, drafter=drafter, max_new_tokens=40)
+    assert out == ref
+    assert traces[0].step == 0 and traces[0].tree is None and traces[0].draft_tree() is None
+    assert traces[0].tokens == [ref[0]] and traces[0].token_depths == [0]
+    generated = 1
+    for i, tr in enumerate(traces[1:], start=1):
+        tree = tr.draft_tree()
+        assert isinstance(tree, DraftTree)
+        assert torch.equal(tree.tokens, drafter.trees[i - 1].tokens)
+        assert torch.equal(tree.ancestors, drafter.trees[i - 1].ancestors)
+        assert tr.step == i and tr.forwards == i
+        assert len(tr.status) == len(tr.target_probs) == tree.size
+        assert [j for j, s in enumerate(tr.status) if s == ACCEPTED] == tr.path
+        assert tr.path[0] == 0 and all(tree.parents[b] == a for a, b in zip(tr.path, tr.path[1:]))
+        drafted = [tr.tree["tokens"][j] for j in tr.path[1:]]
+        assert tr.tokens[:-1] == drafted[: len(tr.tokens) - 1]
+        assert tr.token_depths == list(range(1, len(tr.tokens))) + [0] or tr.finished
+        generated += len(tr.tokens)
+        assert tr.generated == generated
+        assert tr.tau == pytest.approx((generated - 1) / i)
+    assert traces[-1].finished == "length" and generated == 40
+    assert "".join(tr.text for tr in traces) == tiny.tokenizer.decode(out, skip_special_tokens=True)
+    for tr in traces:
+        d = json.loads(json.dumps(tr.to_dict()))
+        assert d["tau"] == pytest.approx(tr.tau)
+        back = StepTrace.from_dict(d)
+        assert back == tr
+        if tr.tree:
+            assert back.draft_tree().to_dict() == tr.tree
+
+
+def test_sampling_runs_are_reproducible(tiny):
+    ids = tiny_prompt(7)
+    params = SamplingParams(0.9, 0.95)
+    outs = []
+    for make in (lambda: None, lambda: RandomDrafter(TINY_VOCAB, "backbone", 4, 3, 10), LookupDrafter):
+        a, _ = run(tiny, ids, drafter=make(), max_new_tokens=24, sampling=params, seed=11, stop_ids=set())
+        b, _ = run(tiny, ids, drafter=make(), max_new_tokens=24, sampling=params, seed=11, stop_ids=set())
+        assert a == b and len(a) == 24
+        outs.append(a)
+    c, _ = run(tiny, ids, max_new_tokens=24, sampling=params, seed=12, stop_ids=set())
+    assert c != outs[0], "the seed must matter"
