@@ -440,7 +440,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
             time_plot = gr.Plot(value=viz.empty_figure("draft vs verify time", 280), show_label=False,
                                 elem_id="time-plot")
         with gr.Row():
-            download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download", interactive=False)
+            download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
             upload = gr.UploadButton("Replay a trace file…", file_types=[".json"], type="filepath", elem_id="upload")
         with gr.Accordion("How it works (for students)", open=False):
             gr.Markdown(EXPLAINER)
@@ -537,7 +537,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 path = Path(tempfile.mkdtemp(prefix="fasteagle-")) / f"fasteagle-trace-{time.strftime('%H%M%S')}.json"
                 path.write_text(viz.trace_io.dumps(run), encoding="utf-8")
                 upd = finish(run, engine.label_decode)
-                upd[download] = gr.DownloadButton(value=str(path), interactive=True)
+                upd[download] = str(path)
                 yield upd
             except FastEagleError as exc:
                 gr.Warning(str(exc))
@@ -590,7 +590,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
             except Exception as exc:  # a file that passed validation but is still odd
                 log.exception("replaying an uploaded trace failed")
                 gr.Warning(f"cannot replay this file: {type(exc).__name__}")
-            return {}
+            return {c: gr.skip() for c in all_outputs}
 
         run_btn.click(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed], all_outputs,
                       api_name="run", concurrency_limit=1, concurrency_id="decode")

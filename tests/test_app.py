@@ -1,0 +1,196 @@
+"""The Gradio app end to end through its HTTP API (gradio_client), served in-process on a free port.
+
+The tiny random target covers input checks, warnings and the decode-then-animate (ZeroGPU) path
+in a few seconds; the integration test runs the real default model with FastEagle (a randomly
+initialised drafter written to a temporary directory, so it does not depend on training) and the
+lookup drafter.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+import gradio as gr
+import pytest
+from gradio_client import Client, handle_file
+
+import app
+import viz
+
+# Outputs of /run and /replay_file, in order.
+OUT = ["spec_stats", "spec_reply", "van_stats", "van_reply", "badge", "tree", "slider", "step_info", "summary",
+       "hist", "depth", "time", "download"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served(demo: gr.Blocks):
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, show_error=False)
+    try:
+        yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    finally:
+        demo.close()
+
+
+@pytest.fixture
+def warnings(monkeypatch) -> list[str]:
+    """Messages the app showed with gr.Warning (the server runs in this process)."""
+    seen: list[str] = []
+    real = gr.Warning
+
+    def record(message="", *args, **kwargs):
+        seen.append(str(message))
+        return real(message, *args, **kwargs)
+
+    monkeypatch.setattr(gr, "Warning", record)
+    return seen
+
+
+def call_run(client: Client, prompt: str, method: str = "lookup", max_new: int = 8, temperature: float = 0.0,
+             tree_k: str = "4", budget: int = 8, seed: int = 0) -> dict:
+    out = client.predict(prompt, method, temperature, max_new, tree_k, budget, seed, api_name="/run")
+    return dict(zip(OUT, out))
+
+
+def unchanged(value) -> bool:
+    """An output the event left as it was (None, or an update without a value)."""
+    return value is None or (isinstance(value, dict) and value.get("__type__") == "update" and "value" not in value)
+
+
+def plot_data(value) -> list[dict]:
+    assert value and value.get("type") == "plotly"
+    return json.loads(value["plot"])["data"]
+
+
+def check_complete_run(res: dict, max_new: int) -> dict:
+    """The end state of a greedy run: identical outputs, a tree with an accepted path, timings."""
+    assert 'data-identical="true"' in res["badge"], res["badge"]
+    assert "tokens/s" in res["spec_stats"] and "tokens/s" in res["van_stats"]
+    assert "Speed-up" in res["summary"]
+    names = [t.get("name") for t in plot_data(res["tree"])]
+    assert viz.ACCEPTED_PATH in names and "accepted" in names
+    spec_text = "".join(s["token"] for s in res["spec_reply"])
+    van_text = "".join(s["token"] for s in res["van_reply"])
+    assert spec_text == van_text and spec_text.strip()
+    assert {s["class_or_confidence"] for s in res["van_reply"]} == {viz.BONUS}
+    for key in ("hist", "depth", "time"):
+        assert plot_data(res[key])
+    run = viz.parse_run_file(Path(res["download"]).read_bytes())
+    spec = run["sides"]["speculative"]
+    assert spec["summary"]["tokens"] <= max_new and run["sides"]["vanilla"]["summary"]["tokens"] <= max_new
+    assert res["slider"]["maximum"] == len(spec["traces"]) - 1 and res["slider"]["value"] == len(spec["traces"]) - 1
+    return run
+
+
+# -- tiny target: fast ------------------------------------------------------------------------------
+@pytest.fixture
+def tiny_app(tiny, tmp_path):
+    return app.build_app(tiny, drafter_dir=tmp_path / "no-drafter")
+
+
+def test_bad_inputs_warn_and_the_app_keeps_working(tiny_app, warnings):
+    with served(tiny_app) as client:
+        assert "FastEagle" not in client.view_api(print_info=False, return_format="str")  # only lookup offered
+        for prompt, k, fragment in (("", "4", "empty"), ("   ", "4", "empty"), ("w7 " * 2000, "4", "too long"),
+                                    ("w7 w8", "4,x", "top-k"), ("w7 w8", "0", "top-k")):
+            res = call_run(client, prompt, tree_k=k)
+            assert all(unchanged(v) for v in res.values())
+            assert fragment in warnings[-1], warnings
+        res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12)
+        check_complete_run(res, 12)
+
+
+def test_missing_drafter_is_explained(tiny, tmp_path):
+    engine = app.Engine(tiny, tmp_path / "nothing-here")
+    assert [m.label for m in engine.available] == ["lookup"]
+    with pytest.raises(app.FastEagleError, match="no FastEagle drafter"):
+        engine.method("FastEagle")
+    demo = app.build_app(tiny, drafter_dir=tmp_path / "nothing-here")
+    warning = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "drafter-warning"]
+    assert warning and "python -m fasteagle train" in warning[0].value
+
+
+def test_a_drafter_that_fails_to_load_warns(tiny, tmp_path, warnings):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "model.safetensors").write_bytes(b"not a checkpoint")
+    with served(app.build_app(tiny, drafter_dir=broken)) as client:
+        res = call_run(client, "w7 w8", method="FastEagle")
+        assert all(unchanged(v) for v in res.values())
+        assert "FastEagle" in warnings[-1] and "\n" not in warnings[-1]
+        check_complete_run(call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=10), 10)
+
+
+def test_replay_steps_and_trace_files(tiny_app, warnings, tmp_path):
+    with served(tiny_app) as client:
+        res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12)
+        run = check_complete_run(res, 12)
+        traces = run["sides"]["speculative"]["traces"]
+        fig, info = client.predict(1, api_name="/replay_step")
+        assert "Step 1 of" in info
+        title = json.loads(fig["plot"])["layout"]["title"]["text"]
+        assert title.startswith("step 1:")
+        path_trace = [t for t in plot_data(fig) if t["name"] == viz.ACCEPTED_PATH][0]
+        assert len(path_trace["x"]) == len(traces[1]["path"])
+        # Upload the downloaded file: the same replies and badge come back, with no decoding.
+        back = dict(zip(OUT, client.predict(handle_file(res["download"]), api_name="/replay_file")))
+        assert back["badge"] == res["badge"] and back["spec_reply"] == res["spec_reply"]
+        assert back["slider"]["maximum"] == res["slider"]["maximum"]
+        # Invalid files warn and change nothing.
+        for i, content in enumerate(("not json at all", json.dumps({"format": "other"}), "")):
+            bad = tmp_path / f"bad{i}.json"
+            bad.write_text(content)
+            out = client.predict(handle_file(str(bad)), api_name="/replay_file")
+            assert all(unchanged(v) for v in out), out
+            assert "cannot replay this file" in warnings[-1]
+        fig, info = client.predict(2, api_name="/replay_step")  # the replayed run is still there
+        assert "Step 2 of" in info
+
+
+def test_decode_first_then_animate(tiny, tmp_path, monkeypatch):
+    """The ZeroGPU path: both decodes run in one call returning plain data, then the UI animates."""
+    monkeypatch.setattr(app, "ANIMATE_S", 0.2)
+    demo = app.build_app(tiny, drafter_dir=tmp_path / "none", precompute=True)
+    result = app.ENGINE.decode_both(app.ENGINE.request("w9 w10 w9 w10", "lookup", 0, 6, "4", 8, 0))
+    json.dumps(result)  # plain data only
+    assert set(result) == {"speculative", "vanilla"}
+    with served(demo) as client:
+        check_complete_run(call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12), 12)
+
+
+# -- the real default model -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def random_drafter(smollm, tmp_path_factory) -> Path:
+    """An untrained 2-layer FastEagle drafter for the default target (tests the path, not the speed)."""
+    import torch
+
+    from fasteagle.drafter import CascadedDrafter, DrafterConfig
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("drafter")
+    cfg = DrafterConfig.for_target(smollm.model, smollm.name, num_layers=2)
+    CascadedDrafter(cfg).init_from_target(smollm.model).save(out)
+    return out
+
+
+@pytest.mark.integration
+def test_default_model_end_to_end(smollm, random_drafter):
+    demo = app.build_app(smollm, drafter_dir=random_drafter)
+    with served(demo) as client:
+        res = call_run(client, "List three colors.", method="FastEagle", max_new=8, tree_k="4", budget=8)
+        run = check_complete_run(res, 8)
+        assert run["meta"]["method_key"] == "fasteagle" and run["meta"]["target"] == smollm.name
+        trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
+        assert all(1 < len(t["tokens"]) <= 8 for t in trees)  # real drafted trees within the budget
+        res = call_run(client, "Repeat after me: red green blue, red green blue.", method="lookup", max_new=8)
+        check_complete_run(res, 8)

@@ -1,0 +1,264 @@
+"""The pure trace -> picture functions in `viz` (no model needed except the tiny one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import viz
+from fasteagle.generate import chat_prompt_ids, run
+from fasteagle.lookup import LookupDrafter
+from viz import charts, tokens, trace_io
+from viz.tree import (ACCEPTED, ACCEPTED_PATH, BONUS_NAME, LABEL_HEIGHT_PX, MARKER_PX, NEVER_REACHED, REJECTED,
+                      VERDICT_COLORS, VERDICTS, figure_height, row_spacing_px, tree_figure, tree_layout)
+
+NAMES = {7: "The", 8: " cat", 9: " dog", 10: " sat", 11: "\n", 12: " ran", 13: " on", 14: "\t", 15: " the"}
+
+
+def decode(ids):
+    return "".join(NAMES.get(i, f"<{i}>") for i in ids)
+
+
+def backbone_step() -> dict:
+    """root(7) -> 8 -> 10 -> 13 is the backbone; 9 (depth 1), 11 and 12 (depth 2, under 8) and 14
+    (depth 3, under 10) are side leaves. Accepted: 8 then 10; 13 rejected with 14; bonus 15."""
+    parents = [-1, 0, 0, 1, 1, 1, 3, 3]
+    toks = [7, 8, 9, 10, 11, 12, 13, 14]
+    depths = [0, 1, 1, 2, 2, 2, 3, 3]
+    status = [ACCEPTED, ACCEPTED, REJECTED, ACCEPTED, REJECTED, REJECTED, REJECTED, REJECTED]
+    return {
+        "step": 3, "tokens": [8, 10, 15], "token_depths": [1, 2, 0], "text": " cat sat the",
+        "draft_ms": 4.0, "verify_ms": 20.0,
+        "tree": {"tokens": toks, "parents": parents, "depths": depths,
+                 "draft_probs": [1, .9, .05, .8, .1, .05, .7, .2], "sources": depths},
+        "status": status, "target_probs": [1, .95, .02, .9, .05, .01, .1, .3],
+        "path": [0, 1, 3], "generated": 9, "forwards": 3, "finished": None,
+    }
+
+
+def _node_traces(fig):
+    return {t.name: t for t in fig.data}
+
+
+# -- layout -----------------------------------------------------------------------------------------
+def test_layout_rows_are_leaves_and_chains_stay_on_one_row():
+    parents = backbone_step()["tree"]["parents"]
+    lay = tree_layout(parents)
+    leaves = [i for i in range(len(parents)) if i not in parents]
+    assert lay.rows == len(leaves)
+    assert sorted(lay.y[i] for i in leaves) == list(range(len(leaves)))  # one row per leaf
+    assert lay.x == [0, 1, 1, 2, 2, 2, 3, 3]  # x = depth
+    assert lay.y[0] == lay.y[1] == lay.y[3] == lay.y[6] == 0  # the backbone is one straight line
+    positions = list(zip(lay.x, lay.y))
+    assert len(set(positions)) == len(positions)  # no two nodes in one place
+
+
+def test_layout_with_bonus_node_never_collides():
+    for parents, last in (([-1, 0, 1], 2), ([-1, 0, 0, 1], 1), ([-1], 0)):
+        lay = tree_layout(parents, bonus_parent=last)
+        assert lay.bonus == len(parents)
+        assert lay.x[lay.bonus] == lay.x[last] + 1
+        positions = list(zip(lay.x, lay.y))
+        assert len(set(positions)) == len(positions)
+
+
+# -- tree figure ------------------------------------------------------------------------------------
+def test_accepted_path_is_one_trace_through_the_accepted_nodes():
+    step = backbone_step()
+    fig = tree_figure(step, decode)
+    paths = [t for t in fig.data if t.name == ACCEPTED_PATH]
+    assert len(paths) == 1
+    lay = tree_layout(step["tree"]["parents"], bonus_parent=step["path"][-1])
+    assert list(paths[0].x) == [lay.x[i] for i in step["path"]]
+    assert list(paths[0].y) == [lay.y[i] for i in step["path"]]
+    accepted = [i for i, s in enumerate(step["status"]) if s == ACCEPTED]
+    assert accepted == step["path"]
+
+
+def test_nodes_are_coloured_by_verdict_with_hover_details():
+    step = backbone_step()
+    fig = tree_figure(step, decode)
+    by_name = _node_traces(fig)
+    seen = []
+    for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):
+        t = by_name[VERDICTS[verdict]]
+        assert t.marker.color == VERDICT_COLORS[verdict]
+        nodes = [int(c[0]) for c in t.customdata] if t.customdata is not None else []
+        assert nodes == [i for i, s in enumerate(step["status"]) if s == verdict]
+        seen += nodes
+        for c in t.customdata if t.customdata is not None else []:
+            i = int(c[0])
+            assert int(c[1]) == step["tree"]["tokens"][i]  # token id
+            assert int(c[2]) == step["tree"]["depths"][i]  # depth
+            assert float(c[3]) == pytest.approx(step["tree"]["draft_probs"][i])
+            assert float(c[4]) == pytest.approx(step["target_probs"][i])
+        assert "token id" in t.hovertemplate and "draft p" in t.hovertemplate and "target p" in t.hovertemplate
+    assert sorted(seen) == list(range(len(step["status"])))
+    assert len({VERDICT_COLORS[v] for v in VERDICTS}) == 3
+    assert list(by_name[VERDICTS[ACCEPTED]].text) == ["The", "␣cat", "␣sat"]  # whitespace made visible
+
+
+def test_bonus_token_drawn_only_when_the_step_ends_with_one():
+    step = backbone_step()
+    fig = tree_figure(step, decode)
+    bonus = _node_traces(fig)[BONUS_NAME]
+    assert list(bonus.text)[-1] == "␣the"
+    assert int(bonus.customdata[-1][0]) == 15
+    cut = dict(step, tokens=[8, 10], token_depths=[1, 2])  # clipped at max_new_tokens: no bonus
+    assert BONUS_NAME not in _node_traces(tree_figure(cut, decode))
+
+
+def test_labels_never_overlap_and_height_grows_with_leaves():
+    step = backbone_step()
+    fig = tree_figure(step, decode)
+    assert row_spacing_px(fig) >= LABEL_HEIGHT_PX + MARKER_PX  # a label fits between two rows' markers
+    # A wide tree: 60 side leaves under the root.
+    n = 61
+    wide = {"step": 1, "tokens": [9], "token_depths": [0], "tree": {
+        "tokens": [7] + [8] * (n - 1), "parents": [-1] + [0] * (n - 1), "depths": [0] + [1] * (n - 1),
+        "draft_probs": [1.0] * n, "sources": [0] + [1] * (n - 1)},
+        "status": [1] + [2] * (n - 1), "target_probs": [1.0] * n, "path": [0]}
+    big = tree_figure(wide, decode)
+    assert big.layout.height > fig.layout.height
+    assert big.layout.height == figure_height(n)  # 60 leaves + the bonus node's own row
+    assert row_spacing_px(big) >= LABEL_HEIGHT_PX + MARKER_PX
+    ys = sorted(y for t in big.data if t.name in VERDICTS.values() for y in t.y)
+    gaps = [b - a for a, b in zip(ys, ys[1:]) if b != a]
+    assert min(gaps) >= 1  # distinct rows are whole rows apart
+    for t in big.data:  # every label is short enough for one depth column
+        for label in t.text or []:
+            assert len(label) <= tokens.MAX_LABEL
+
+
+def test_prefill_and_vanilla_steps_render():
+    fig = tree_figure({"step": 0, "tokens": [7], "token_depths": [0], "tree": None}, decode)
+    assert "prefill" in fig.layout.annotations[0].text
+    root_only = {"step": 4, "tokens": [8], "token_depths": [0], "tree": {"tokens": [7], "parents": [-1],
+                 "depths": [0], "draft_probs": [1.0], "sources": [0]}, "status": [1], "target_probs": [1.0],
+                 "path": [0]}
+    fig = tree_figure(root_only, decode)
+    path = _node_traces(fig)[ACCEPTED_PATH]
+    assert len(path.x) == 1
+
+
+def test_label_map_instead_of_a_decoder():
+    fig = tree_figure(backbone_step(), {7: "A", 8: "B", 10: "C", 15: "Z"})
+    acc = _node_traces(fig)[VERDICTS[ACCEPTED]]
+    assert list(acc.text) == ["A", "B", "C"]
+    rej = _node_traces(fig)[VERDICTS[REJECTED]]
+    assert list(rej.text)[0] == "#9"  # unknown ids show their number
+
+
+# -- tokens and spans -------------------------------------------------------------------------------
+def test_visible_whitespace_and_labels():
+    assert tokens.visible(" a\nb\t") == "␣a↵b⇥"
+    assert tokens.token_label("") == "∅"
+    assert tokens.token_label("x" * 30) == "x" * 9 + "…"
+
+
+def test_reply_spans_coloured_by_how_each_token_was_made():
+    traces = [{"step": 0, "tokens": [7], "token_depths": [0]}, backbone_step(),
+              {"step": 4, "tokens": [11, 12], "token_depths": [1, 0]}]
+    spans = viz.token_spans(traces, decode)
+    assert [s.text for s in spans] == ["The", " cat", " sat", " the", "\n", " ran"]
+    assert [s.category for s in spans] == [viz.BONUS, "draft d1", "draft d2", viz.BONUS, "draft d1", viz.BONUS]
+    assert [s.step for s in spans] == [0, 3, 3, 3, 4, 4]
+    hl = viz.highlighted(spans)
+    assert hl[1] == (" cat", "draft d1")
+    cmap = viz.color_map()
+    assert all(cat in cmap for _, cat in hl)
+    assert len(set(cmap.values())) == len(cmap)  # every depth its own colour
+
+
+def test_spans_merge_a_character_split_across_tokens():
+    table = {1: b"a", 2: b"\xe2\x82", 3: b"\xac", 4: b"b"}  # "€" = e2 82 ac, split over tokens 2 and 3
+
+    def dec(ids):
+        return b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
+
+    spans = viz.token_spans([{"step": 0, "tokens": [1], "token_depths": [0]},
+                             {"step": 1, "tokens": [2, 3, 4], "token_depths": [1, 2, 0]}], dec)
+    assert [s.text for s in spans] == ["a", "€", "b"]
+    assert spans[1].token_ids == [2, 3] and spans[1].depth == 2
+
+
+def test_spans_from_a_real_decode_match_the_text(tiny):
+    ids = chat_prompt_ids(tiny, "w9 w10 w11 w9 w10 w11 w9 w10")
+    _, traces = run(tiny, ids, drafter=LookupDrafter(), max_new_tokens=20)
+    dicts = [t.to_dict() for t in traces]
+    dec = lambda x: tiny.tokenizer.decode(x, skip_special_tokens=True)
+    spans = viz.token_spans(dicts, dec)
+    assert "".join(s.text for s in spans) == "".join(t["text"] for t in dicts)
+    emitted = [(t, d) for tr in dicts for t, d in zip(tr["tokens"], tr["token_depths"])]
+    assert [(s.token_ids[-1], s.depth) for s in spans] == [e for e in emitted if dec([e[0]])]
+    for tr in dicts[1:]:  # every real step renders, its path trace matching the accepted nodes
+        fig = tree_figure(tr, lambda x: tiny.tokenizer.decode(x))
+        path = _node_traces(fig)[ACCEPTED_PATH]
+        assert len(path.x) == len(tr["path"]) == sum(1 for s in tr["status"] if s == ACCEPTED)
+        assert row_spacing_px(fig) >= LABEL_HEIGHT_PX + MARKER_PX
+
+
+# -- summary charts ---------------------------------------------------------------------------------
+def _run_traces():
+    prefill = {"step": 0, "tokens": [7], "token_depths": [0], "draft_ms": 1.0, "verify_ms": 30.0, "tree": None,
+               "generated": 1, "forwards": 0}
+    s1 = backbone_step() | {"generated": 4, "forwards": 1}
+    s2 = {"step": 2, "tokens": [9], "token_depths": [0], "draft_ms": 2.0, "verify_ms": 10.0,
+          "tree": {"tokens": [15, 8, 9], "parents": [-1, 0, 1], "depths": [0, 1, 2], "draft_probs": [1, .5, .5],
+                   "sources": [0, 1, 2]},
+          "status": [1, 2, 0], "target_probs": [1, .1, .2], "path": [0], "generated": 5, "forwards": 2,
+          "finished": "length"}
+    return [prefill, s1, s2]
+
+
+def test_accepted_lengths_and_histogram():
+    traces = _run_traces()
+    assert charts.accepted_lengths(traces) == [2, 0]
+    fig = charts.acceptance_histogram(traces)
+    assert list(fig.data[0].x) == [0, 1, 2] and list(fig.data[0].y) == [1, 0, 1]
+
+
+def test_per_depth_acceptance_rates():
+    rows = charts.depth_acceptance(_run_traces())
+    assert rows == [{"depth": 1, "reached": 2, "accepted": 1, "rate": 0.5},
+                    {"depth": 2, "reached": 1, "accepted": 1, "rate": 1.0},
+                    {"depth": 3, "reached": 1, "accepted": 0, "rate": 0.0}]
+    fig = charts.depth_acceptance_chart(_run_traces())
+    assert list(fig.data[0].y) == [0.5, 1.0, 0.0] and list(fig.data[0].text) == ["1/2", "1/1", "0/1"]
+
+
+def test_summary_and_time_split():
+    s = charts.summarize(_run_traces(), decode_s=0.1)
+    assert s["tokens"] == 5 and s["forwards"] == 2 and s["tau"] == 2.0
+    assert s["prefill_ms"] == 30.0 and s["draft_ms"] == 7.0 and s["verify_ms"] == 30.0
+    assert s["other_ms"] == pytest.approx(100 - 67) and s["tokens_per_s"] == pytest.approx(50)
+    fig = charts.time_split_chart({"fasteagle": s, "vanilla": charts.summarize(_run_traces())})
+    assert [t.name for t in fig.data] == ["prefill", "draft", "verify", "other"]
+    assert fig.layout.barmode == "stack"
+    assert sum(t.x[0] for t in fig.data) == pytest.approx(100)
+    assert charts.summarize([])["tokens"] == 0
+
+
+# -- trace files ------------------------------------------------------------------------------------
+def test_run_file_roundtrip_and_rejections():
+    traces = _run_traces()
+    run_ = trace_io.make_run_file({"method": "lookup"}, {"speculative": {"traces": traces, "spans": []}},
+                                  {7: "The", 8: " cat"})
+    back = trace_io.parse_run_file(trace_io.dumps(run_).encode())
+    assert back["sides"]["speculative"]["traces"] == json.loads(json.dumps(traces))
+    assert back["token_labels"] == {7: "The", 8: " cat"}
+    bad = [b"\xff\xfe", b"{not json", b"[]", json.dumps({"format": "x"}).encode(),
+           json.dumps(run_ | {"version": 99}).encode(),
+           json.dumps(run_ | {"sides": {}}).encode(),
+           json.dumps(run_ | {"sides": {"speculative": {"traces": [{"step": 0}]}}}).encode()]
+    broken = json.loads(json.dumps(run_))
+    broken["sides"]["speculative"]["traces"][1]["path"] = [0, 99]
+    bad.append(json.dumps(broken).encode())
+    broken = json.loads(json.dumps(run_))
+    broken["sides"]["speculative"]["traces"][1]["tree"]["parents"][2] = 5
+    bad.append(json.dumps(broken).encode())
+    for data in bad:
+        with pytest.raises(trace_io.TraceFileError) as err:
+            trace_io.parse_run_file(data)
+        assert "\n" not in str(err.value)
