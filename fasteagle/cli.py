@@ -10,6 +10,7 @@ from pathlib import Path
 from fasteagle.errors import FastEagleError
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
+DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -19,7 +20,8 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", default=None, help=f"FastEagle drafter directory (default: {DEFAULT_DRAFTER.name})")
+    p.add_argument("--drafter", default=None, help=f"drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name} "
+                   f"for fasteagle, {DEFAULT_EAGLE3.name} for eagle3)")
     p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
     p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -36,16 +38,19 @@ def make_drafter(method: str, target, args):
         from fasteagle.lookup import LookupDrafter
 
         return LookupDrafter()
-    if method == "fasteagle":
+    if method in ("fasteagle", "eagle3"):
         from fasteagle.drafter import CascadedDrafter
+        from fasteagle.eagle3 import AutoregressiveDrafter
 
-        path = Path(args.drafter) if getattr(args, "drafter", None) else DEFAULT_DRAFTER
-        d = CascadedDrafter.load(path, target.model)
+        cls = CascadedDrafter if method == "fasteagle" else AutoregressiveDrafter
+        default = DEFAULT_DRAFTER if method == "fasteagle" else DEFAULT_EAGLE3
+        path = Path(args.drafter) if getattr(args, "drafter", None) else default
+        d = cls.load(path, target.model)
         ks = [int(x) for x in str(args.tree_k).split(",")]
-        d.tree_k = ks[0] if len(ks) == 1 else ks
+        d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         d.tree_budget = args.tree_budget
         return d
-    raise FastEagleError(f"unknown method {method!r}; choose vanilla, lookup or fasteagle")
+    raise FastEagleError(f"unknown method {method!r}; choose vanilla, lookup, fasteagle or eagle3")
 
 
 def cmd_generate(args) -> int:
@@ -146,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="decode one prompt, streaming the reply")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--method", default="vanilla", choices=["vanilla", "lookup", "fasteagle"])
+    g.add_argument("--method", default="vanilla", choices=["vanilla", "lookup", "fasteagle", "eagle3"])
     g.add_argument("--show-steps", action="store_true", help="print each step's tree size and accepted tokens")
     _add_target_args(g)
     _add_method_args(g)
@@ -169,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--distill-minutes", dest="distill_minutes", type=float, default=None)
     t.add_argument("--distill-batch", dest="distill_batch", type=int, default=None)
     t.add_argument("--features", choices=["online", "cache"], default=None)
-    t.add_argument("--num-layers", dest="num_layers", type=int, default=None)
+    t.add_argument("--drafter", choices=["fasteagle", "eagle3"], default=None,
+                   help="fasteagle: the cascade (default); eagle3: the autoregressive baseline")
+    t.add_argument("--num-layers", dest="num_layers", type=int, default=None, help="cascade layers (fasteagle)")
+    t.add_argument("--depth", type=int, default=None, help="training-time-test steps and tree depth (eagle3)")
     t.add_argument("--intermediate", type=int, default=None)
     t.add_argument("--lr", type=float, default=None)
     t.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=None)

@@ -42,6 +42,7 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-5
     max_positions: int = 8192
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
+    depth: int = 7  # EAGLE-3 style only: unrolled training steps and draft tree depth
     draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)
     kind: str = "fasteagle"
@@ -88,6 +89,8 @@ def target_fingerprint(model: nn.Module) -> list[float]:
 
 class CascadedDrafter(nn.Module):
     """The drafter network, and (with `attach`) a drafter for the generation loop."""
+
+    KIND = "fasteagle"
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -149,6 +152,11 @@ class CascadedDrafter(nn.Module):
         table[self.vocab_ids] = torch.arange(self.vocab_ids.numel(), device=self.vocab_ids.device)
         return table[token_ids.long()]
 
+    @property
+    def num_depths(self) -> int:
+        """How many depths one draft covers (the cascade: one per layer)."""
+        return self.cfg.num_layers
+
     # -- network --------------------------------------------------------------------------------
     def attach(self, target_model: nn.Module, check: bool = True) -> "CascadedDrafter":
         """Borrow the target's frozen embedding and LM head (refusing a different target)."""
@@ -193,18 +201,23 @@ class CascadedDrafter(nn.Module):
         """Training entry point (so that wrappers such as DDP see the call): the layer-wise loss."""
         return self.loss(*args, **kwargs)
 
+    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
+        """Teacher-forced outputs for every depth over whole sequences: entry i-1 at position t
+        predicts token t+1+i. For the cascade that is simply layer i's output."""
+        b, n = next_ids.shape
+        return self.hidden(feats, next_ids, torch.arange(n, device=next_ids.device)[None].expand(b, -1))
+
     def loss(self, feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
              teacher_ids: torch.Tensor, teacher_probs: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Layer-wise supervision on whole sequences (B, L).
 
-        Position t pairs feats[t] with token t+1; layer i there predicts token t+1+i, whose target
+        Position t pairs feats[t] with token t+1; depth i there predicts token t+1+i, whose target
         distribution is the teacher's top-k at position t+i, counted only where loss_mask[t+1+i].
         The LM head runs only on the counted positions (prompts cost attention, not vocabulary).
         Teacher tokens outside the draft vocab carry no loss; acc{i} counts them as misses.
         """
-        b, L = input_ids.shape
-        pos = torch.arange(L - 1, device=input_ids.device)[None].expand(b, -1)
-        outs = self.hidden(feats[:, :-1].to(self.fc.weight.dtype), input_ids[:, 1:], pos)
+        L = input_ids.shape[1]
+        outs = self.depth_outputs(feats[:, :-1].to(self.fc.weight.dtype), input_ids[:, 1:])
         total, stats = 0.0, {}
         for i, h in enumerate(outs, start=1):
             n = L - 1 - i  # positions t with a token t+1+i
@@ -222,7 +235,7 @@ class CascadedDrafter(nn.Module):
             total = total + self.cfg.loss_decay ** (i - 1) * layer_loss
             with torch.no_grad():
                 stats[f"acc{i}"] = float((logp.argmax(-1) == d_ids[:, 0]).float().mean())
-                stats[f"loss{i}"] = float(layer_loss)
+                stats[f"loss{i}"] = float(layer_loss.detach())
         return total, stats
 
     # -- drafter protocol -----------------------------------------------------------------------
@@ -299,8 +312,8 @@ class CascadedDrafter(nn.Module):
         raw = json.loads((path / "config.json").read_text())
         names = DrafterConfig.__dataclass_fields__
         cfg = DrafterConfig(**{k: v for k, v in raw.items() if k in names})
-        if cfg.kind != "fasteagle":
-            raise FastEagleError(f"{path} holds a {cfg.kind!r} drafter, not a FastEagle one")
+        if cfg.kind != cls.KIND:
+            raise FastEagleError(f"{path} holds a {cfg.kind!r} drafter, not a {cls.KIND!r} one")
         drafter = cls(cfg)
         state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in load_file(f).items()}
         drafter.load_state_dict(state)
@@ -310,6 +323,18 @@ class CascadedDrafter(nn.Module):
             p = next(target_model.parameters())
             drafter.to(p.device, p.dtype).eval()
         return drafter
+
+
+def load_drafter(path: str | Path, target_model: nn.Module | None = None) -> CascadedDrafter:
+    """Load whichever kind of drafter `path` holds (FastEagle cascade or EAGLE-3 style)."""
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    cfg_file = Path(path) / "config.json"
+    kind = json.loads(cfg_file.read_text()).get("kind", "fasteagle") if cfg_file.exists() else "fasteagle"
+    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter)}.get(kind)
+    if cls is None:
+        raise FastEagleError(f"{path} holds an unknown drafter kind {kind!r}")
+    return cls.load(path, target_model)
 
 
 def check_fingerprint(cfg: DrafterConfig, target_model: nn.Module) -> None:

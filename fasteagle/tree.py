@@ -132,3 +132,21 @@ def backbone(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: li
     probs = torch.cat([torch.ones(1, device=dev), topk_probs[d_idx, c_idx].float()])
     sources = torch.cat([torch.zeros(1, device=dev, dtype=torch.long), d_idx + 1])
     return make_tree(tokens, parents, probs, sources)
+
+
+def dynamic(root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
+            depths: torch.Tensor, total_tokens: int) -> DraftTree:
+    """EAGLE-2's global rerank: keep the `total_tokens - 1` candidates with the best cumulative
+    log-probability. Candidates come in expansion order (a parent precedes its children; parent
+    -1 is the root), and a child scores strictly below its parent, so the kept set is closed
+    under ancestors and stays in topological order."""
+    dev = tokens.device
+    n = min(total_tokens - 1, tokens.shape[0])
+    keep = scores.topk(n).indices.sort().values
+    new_index = torch.full((tokens.shape[0],), -1, dtype=torch.long, device=dev)
+    new_index[keep] = torch.arange(1, n + 1, device=dev)
+    kept_parents = torch.where(parents[keep] < 0, torch.zeros_like(keep), new_index[parents[keep].clamp_min(0)])
+    return make_tree(torch.cat([torch.tensor([root], device=dev), tokens[keep].long()]),
+                     torch.cat([torch.tensor([-1], device=dev), kept_parents]),
+                     torch.cat([torch.ones(1, device=dev), probs[keep].float()]),
+                     torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[keep]]))

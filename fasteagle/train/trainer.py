@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.errors import FastEagleError
 from fasteagle.train.teacher import (Batch, cache_features, distill_features, length_batches, load_shard, pad_batch,
                                      self_distill, shard_token_counts, teach)
 
@@ -35,7 +36,9 @@ class TrainConfig:
     distill_only: bool = False  # stop after writing distilled.pt / holdout_distilled.pt
     features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
     feature_dir: str | None = None
-    num_layers: int = 6
+    drafter: str = "fasteagle"  # "fasteagle" (the cascade) or "eagle3" (one layer, training-time test)
+    num_layers: int = 6  # cascade layers = draft depths (fasteagle)
+    depth: int = 7  # unrolled training steps = draft tree depth (eagle3)
     intermediate: int = 768
     loss_decay: float = 0.8
     topk: int = 16
@@ -77,6 +80,13 @@ def train(cfg: TrainConfig, target=None) -> Path:
 
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
                                     loss_decay=cfg.loss_decay, draft_vocab=cfg.draft_vocab)
+    drafter_cls = CascadedDrafter
+    if cfg.drafter == "eagle3":
+        from fasteagle.eagle3 import AutoregressiveDrafter
+
+        drafter_cls, dcfg = AutoregressiveDrafter, AutoregressiveDrafter.config_for(dcfg, cfg.depth)
+    elif cfg.drafter != "fasteagle":
+        raise FastEagleError(f"unknown drafter {cfg.drafter!r}; use fasteagle or eagle3")
     feature_layers = dcfg.feature_layers
     fdir = Path(cfg.feature_dir or out / "features")
 
@@ -111,7 +121,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
         return out
 
     # 2. drafter, started from the target's top layers, with a draft vocab from reply frequencies
-    drafter = CascadedDrafter(dcfg).attach(model)
+    drafter = drafter_cls(dcfg).attach(model)
     if cfg.init_from_target:
         drafter.init_from_target(model)
     if shards:
@@ -228,7 +238,7 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
     """
     drafter.eval()
     dev = next(model.parameters()).device
-    N = drafter.cfg.num_layers
+    N = drafter.num_depths
     ks = [k] * N if isinstance(k, int) else (list(k) + [1] * N)[:N]
     spine_hits = torch.zeros(N)
     leaf_hits = torch.zeros(N)
@@ -243,8 +253,7 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         feats, t_ids, _ = teach(model, ids, drafter.cfg.feature_layers, 1)
         target_top1 = t_ids[0, :, 0]  # target's argmax at each position
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            outs = drafter.hidden(feats[:, :-1].to(drafter.fc.weight.dtype), ids[:, 1:],
-                                  torch.arange(L - 1, device=dev)[None])
+            outs = drafter.depth_outputs(feats[:, :-1].to(drafter.fc.weight.dtype), ids[:, 1:])
         T = L - 1 - N  # start positions with every depth defined
         spine = torch.zeros(N, T, dtype=torch.bool, device=dev)
         leaf = torch.zeros(N, T, dtype=torch.bool, device=dev)

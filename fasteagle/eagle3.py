@@ -1,0 +1,160 @@
+"""The EAGLE-3-style baseline: one decoder layer run once per depth (autoregressive drafting).
+
+    g_t = FC(target low|mid|high hidden states at t)           (step 1)
+    h   = L(Proj(concat(norm(embed(x_{t+1})), norm(g_t))))       -> p(x_{t+2})
+    step a > 1 feeds the layer its own previous output as g, with the next token's embedding.
+
+Training-time test (TTT): the layer is unrolled for `depth` steps over whole sequences, each step
+fed the previous step's outputs, so training sees what drafting sees; step a's loss is the same
+layer-wise loss as the cascade's depth a (`CascadedDrafter.loss`). Drafting grows an EAGLE-2
+dynamic tree: per depth expand the top-k frontier nodes by cumulative log-probability, then a
+global rerank keeps the best `tree_budget - 1` nodes.
+
+Differences from the EAGLE-3 repository, on purpose: the 2h-wide attention input is a linear
+projection in front of a stock `LlamaDecoderLayer` (no forked modeling code), and the LM head is
+the target's frozen one (optionally over a reduced draft vocab), as for the cascade.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
+from fasteagle.tree import DraftTree, dynamic
+
+
+class AutoregressiveDrafter(CascadedDrafter):
+    """EAGLE-3 style drafter; shares config, vocab, head, save/load with the cascade."""
+
+    KIND = "eagle3"
+
+    def __init__(self, cfg: DrafterConfig):
+        if cfg.num_layers != 1:
+            raise ValueError("the EAGLE-3-style drafter has exactly one decoder layer (num_layers=1)")
+        super().__init__(cfg)
+        w = cfg.width
+        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden, w, bias=False)
+        self.in_proj = nn.Linear(cfg.target_hidden + w, w, bias=False)
+        self.norm_embed = LlamaRMSNorm(cfg.target_hidden, eps=cfg.rms_norm_eps)
+        self.norm_g = LlamaRMSNorm(w, eps=cfg.rms_norm_eps)
+        nn.init.normal_(self.fc.weight, std=0.02)
+        nn.init.normal_(self.in_proj.weight, std=0.02)
+        self.tree_k = 10
+        self.tree_budget = 60
+
+    @classmethod
+    def config_for(cls, base: DrafterConfig, depth: int = 7) -> DrafterConfig:
+        base.kind, base.num_layers, base.depth = cls.KIND, 1, depth
+        return base
+
+    @property
+    def num_depths(self) -> int:
+        return self.cfg.depth
+
+    def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
+        return super().head(h, 1)  # one layer, one norm, whatever the depth
+
+    def step(self, g: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
+             mask: torch.Tensor | None, cache) -> torch.Tensor:
+        """One pass of the layer: g (B, T, W) with the embeddings of next_ids (B, T)."""
+        e = self._frozen[0](next_ids).to(g.dtype)
+        x = self.in_proj(torch.cat([self.norm_embed(e), self.norm_g(g)], -1))
+        pe = self.rotary(x, position_ids)
+        y = self.layers[0](x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                           use_cache=cache is not None, position_embeddings=pe)
+        return y[0] if isinstance(y, tuple) else y
+
+    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
+        """Training-time test: `depth` unrolled steps over whole sequences.
+
+        Step a at slot t stands at position t+a-1, reads token t+a and the previous step's output
+        at slot t, and attends to step 1's slots <= t (the real prefix) plus its own chain's
+        earlier steps (the diagonal), exactly what drafting a chain from position t sees.
+        """
+        b, n = next_ids.shape
+        dev, dtype = next_ids.device, self.fc.weight.dtype
+        full_ids = torch.cat([next_ids, next_ids.new_zeros(b, self.cfg.depth)], 1)  # pad beyond the end
+        cache = DynamicCache()
+        g = self.fc(feats)
+        slots = torch.arange(n, device=dev)
+        eye = slots[:, None] == slots[None]
+        outs = []
+        for a in range(1, self.cfg.depth + 1):
+            allowed = [slots[None] <= slots[:, None]] + [eye] * (a - 1)  # step 1 causal, later steps diagonal
+            allowed = torch.cat(allowed, 1)
+            mask = torch.zeros(n, a * n, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+            pos = (slots + a - 1)[None].expand(b, -1)
+            g = self.step(g, full_ids[:, a - 1:a - 1 + n], pos, mask[None, None], cache)
+            outs.append(g)
+        return outs
+
+    # -- drafter protocol -----------------------------------------------------------------------
+    def reset(self, capacity: int = 4096) -> None:
+        room = capacity + self.cfg.depth * self.tree_k  # the draft's own temporary rows
+        if self.cache is None or self.cache.capacity < room:
+            self.cache = KVCache(1, room)
+        self.cache.reset()
+        self.last = None
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
+        """Feed newly accepted positions (real target features) through the layer once."""
+        n = tokens.numel()
+        nxt = torch.cat([tokens[1:], tokens.new_tensor([next_token])])
+        past = self.cache.length
+        self.cache.reserve(n)
+        pos = torch.arange(past, past + n, device=tokens.device)[None]
+        dtype = self.fc.weight.dtype
+        mask = attention_mask(causal_ancestors(n, tokens.device), past, dtype)
+        g = self.fc(features[None].to(dtype))
+        self.last = self.step(g, nxt[None], pos, mask, self.cache)[0, -1]  # (W,)
+
+    @torch.no_grad()
+    def draft(self, root: int) -> DraftTree:
+        """EAGLE-2 dynamic tree: one layer pass per depth over the k best frontier nodes."""
+        k, dev = self.tree_k if isinstance(self.tree_k, int) else max(self.tree_k), self.last.device
+        prefix = self.cache.length
+        logp = F.log_softmax(self.head(self.last, 1).float(), -1)
+        top_lp, top_i = logp.topk(k)
+        tokens, parents, scores, depths = self.vocab_ids[top_i], torch.full((k,), -1, device=dev), top_lp, \
+            torch.ones(k, dtype=torch.long, device=dev)
+        g_in = self.last.expand(k, -1)  # the g each candidate would be expanded with
+        frontier = torch.arange(k, device=dev)  # candidate indices to expand next
+        expanded = torch.empty(0, dtype=torch.long, device=dev)  # candidates with rows in the cache
+        anc = torch.eye(k, dtype=torch.bool, device=dev)  # anc[c, a]: a is c or an ancestor of c
+        for d in range(2, self.cfg.depth + 1):
+            f = frontier.numel()
+            rows = torch.cat([expanded, frontier])
+            allowed = torch.ones(f, prefix + rows.numel(), dtype=torch.bool, device=dev)
+            allowed[:, prefix:] = anc[frontier][:, rows]
+            mask = torch.zeros(allowed.shape, dtype=self.fc.weight.dtype, device=dev)
+            mask.masked_fill_(~allowed, torch.finfo(mask.dtype).min)
+            pos = torch.full((1, f), prefix + d - 2, device=dev)
+            self.cache.reserve(f)
+            h = self.step(g_in[frontier][None], tokens[frontier][None], pos, mask[None, None], self.cache)[0]
+            expanded = rows
+            child_lp, child_i = F.log_softmax(self.head(h, d).float(), -1).topk(k, -1)  # (f, k)
+            # strictly below the parent, so the final rerank keeps ancestors (ties cannot break it)
+            child_scores = (scores[frontier][:, None] + child_lp - 1e-6).reshape(-1)
+            c0 = tokens.numel()
+            new = torch.arange(c0, c0 + f * k, device=dev)
+            new_parents = frontier.repeat_interleave(k)
+            tokens = torch.cat([tokens, self.vocab_ids[child_i.reshape(-1)]])
+            parents = torch.cat([parents, new_parents])
+            scores = torch.cat([scores, child_scores])
+            depths = torch.cat([depths, torch.full((f * k,), d, dtype=torch.long, device=dev)])
+            g_in = torch.cat([g_in, h.repeat_interleave(k, 0)])
+            grown = torch.zeros(c0 + f * k, c0 + f * k, dtype=torch.bool, device=dev)
+            grown[:c0, :c0] = anc
+            grown[new] = grown[new_parents]
+            grown[new, new] = True
+            anc = grown
+            frontier = new[child_scores.topk(min(k, f * k)).indices]
+        self.cache.truncate(prefix)  # drop the draft's own rows; `extend` adds the accepted ones
+        probs = torch.exp(scores - torch.where(parents >= 0, scores[parents.clamp_min(0)], torch.zeros_like(scores)))
+        return dynamic(root, tokens, parents, scores, probs.clamp(max=1.0), depths, self.tree_budget)
