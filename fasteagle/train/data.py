@@ -441,8 +441,8 @@ def _looks_english(text: str, min_ascii_letter_share: float = 0.6, max_foreign_l
 def holdout_chat_prompts(n: int, path: str | Path | None = None) -> list[dict[str, Any]]:
     """`n` varied first-user prompts from the holdout split, chosen deterministically.
 
-    Uses only chats that start at their beginning, keeps prompts of 20-1500 characters that look like English, drops near-duplicates (same first
-    60 characters, ShareGPT repeats popular prompts), and orders candidates by a hash of the id
+    Uses only chats that start at their beginning, keeps prompts of 20-1500 characters that look
+    like English, drops near-duplicates (same first 60 characters, ShareGPT repeats popular prompts), and orders candidates by a hash of the id
     so the pick does not follow the file's topical clustering.
     """
     candidates: dict[str, tuple[str, str]] = {}

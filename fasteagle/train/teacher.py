@@ -20,7 +20,7 @@ class Batch:
     teacher_ids: torch.Tensor  # (B, L, K)
     teacher_probs: torch.Tensor  # (B, L, K)
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         return Batch(*(getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__))
 
 
@@ -176,7 +176,6 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
                              do_sample=sample, temperature=0.7 if sample else None, top_p=None, top_k=None,
                              pad_token_id=pad, output_hidden_states=True, output_logits=True,
                              return_dict_in_generate=True)
-        n = len(gen.logits)
         # features at positions 0 .. L+n-2 (the last generated token was never fed back)
         hs = [torch.cat([gen.hidden_states[0][j]] + [step[j] for step in gen.hidden_states[1:]], 1)
               for j in feature_layers]
@@ -201,18 +200,20 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
         if not rows:
             continue
         ids_b, mask_b = pad_batch([x[0].tolist() for x in rows], [x[1] for x in rows], pad_id=pad)
-        T = ids_b.shape[1]
-
-        def stack(j: int, width: int, dtype) -> torch.Tensor:
-            t = torch.zeros(len(rows), T, width, dtype=dtype)
-            for r, x in enumerate(rows):
-                t[r, : len(x[j])] = x[j]
-            return t
-
         tmp = path.with_suffix(".tmp")
-        torch.save({"input_ids": ids_b.int(), "loss_mask": mask_b.bool(), "feats": stack(2, feats.shape[-1], torch.float16),
-                    "teacher_ids": stack(3, topk, torch.int32), "teacher_probs": stack(4, topk, torch.float16)}, tmp)
+        torch.save({"input_ids": ids_b.int(), "loss_mask": mask_b.bool(),
+                    "feats": _stack_rows([x[2] for x in rows], ids_b.shape[1]),
+                    "teacher_ids": _stack_rows([x[3] for x in rows], ids_b.shape[1]),
+                    "teacher_probs": _stack_rows([x[4] for x in rows], ids_b.shape[1])}, tmp)
         tmp.rename(path)
+    return out
+
+
+def _stack_rows(rows: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Right-pad (len_i, W) tensors with zeros into one (B, length, W) tensor."""
+    out = rows[0].new_zeros(len(rows), length, rows[0].shape[-1])
+    for r, x in enumerate(rows):
+        out[r, : len(x)] = x
     return out
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,8 +19,17 @@ from tqdm.auto import tqdm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
-from fasteagle.train.teacher import (Batch, cache_features, distill_features, length_batches, load_shard, pad_batch,
-                                     self_distill, shard_token_counts, teach)
+from fasteagle.train.teacher import (
+    Batch,
+    cache_features,
+    distill_features,
+    length_batches,
+    load_shard,
+    pad_batch,
+    self_distill,
+    shard_token_counts,
+    teach,
+)
 
 
 @dataclass
@@ -215,10 +226,43 @@ def train(cfg: TrainConfig, target=None) -> Path:
                                              "device": torch.cuda.get_device_name() if accel.device.type == "cuda"
                                              else "cpu"},
                 "holdout": metrics, "holdout_initial": initial}
+        info["training"]["command"] = "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:]) \
+            if Path(sys.argv[0]).parent.name == "fasteagle" else None
         raw.save(out, extra=info, shard_mb=cfg.shard_mb)
+        (out / "README.md").write_text(model_card(raw, info))
         (out / "history.json").write_text(json.dumps(history))
         (out / "eval.json").write_text(json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
     return out
+
+
+def model_card(drafter: CascadedDrafter, info: dict) -> str:
+    """A short model card written next to the weights from what the run measured."""
+    t, h, h0 = info["training"], info.get("holdout") or {}, info.get("holdout_initial") or {}
+    c = drafter.cfg
+    shape = (f"{c.num_layers} cascaded decoder layers" if c.kind == "fasteagle"
+             else f"1 decoder layer unrolled {c.depth} times (training-time test)")
+    lines = [
+        f"# {c.kind} drafter for {c.target}", "",
+        f"- architecture: {shape}, width {c.width}, MLP {c.intermediate}, features from target layers "
+        f"{c.feature_layers}, draft vocab {c.draft_vocab or c.vocab_size} tokens, loss decay {c.loss_decay}",
+        f"- data: {'self-distilled' if t.get('distill') else 'ShareGPT'} replies, {t['train_tokens']} training "
+        f"(reply) tokens; holdout: {h.get('positions', 0)} positions of the ShareGPT holdout split",
+        f"- training: {t['steps']} steps ({t['epochs_done']:.2f} epochs), lr {t['lr']}, "
+        f"batch {t['batch_tokens']} tokens (feature shards of {t['distill_batch']} sequences when distilled)",
+        f"- hardware: {t['device']}; wall time {t['total_minutes']} min in all, {t['train_minutes']} min training",
+        "", "## Holdout acceptance (teacher-forced, greedy self-distilled replies)", "",
+        "| depth | " + " | ".join(str(i + 1) for i in range(len(h.get("depth_top1_given_spine", [])))) + " |",
+        "|---|" + "---|" * len(h.get("depth_top1_given_spine", [])),
+        "| top-1 acceptance given the spine so far | " + " | ".join(f"{x:.3f}" for x in
+                                                          h.get("depth_top1_given_spine", [])) + " |",
+        "| top-k (side leaves) | " + " | ".join(f"{x:.3f}" for x in h.get("depth_topk_given_spine", [])) + " |",
+        "",
+        f"Expected accepted length of the backbone tree (tau, bonus token included): {h.get('tau_backbone')} "
+        f"(untrained start: {h0.get('tau_backbone')}).",
+        "", "## Reproduce", "", "```bash", t.get("command") or "python -m fasteagle train ...", "```", "",
+        "Training settings are in `config.json` (`training`); the per-step loss and accuracy are in `history.json`.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> float:

@@ -184,7 +184,8 @@ def test_encode_truncates(tok) -> None:
 def test_prompt_ids_end_with_generation_prompt(tok) -> None:
     ids = D.build_prompt_ids(tok, "what is the capital?")
     text = tok.decode(ids, skip_special_tokens=False)
-    assert text.startswith("<|im_start|>system\n") and text.endswith("what is the capital?<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith("what is the capital?<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_build_token_dataset_splits_and_roundtrip(tok, tmp_path: Path) -> None:
