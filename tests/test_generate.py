@@ -129,45 +129,43 @@ def test_greedy_lossless_lookup_drafter(targets):
 
 # -- greedy losslessness on the real default model -------------------------------------------------
 
-SMOLLM_PROMPTS = [
-    ("chat", "Hi! How are you today?"),
-    ("code", "Write a Python function that returns the factorial of n."),
-    ("list", "List five fruits that are red."),
-    ("math", "What is 17 times 23? Show your work."),
-    ("translate", "Translate 'good morning, my friend' into French and Spanish."),
-    ("summary", "Summarize the plot of Romeo and Juliet in two sentences."),
-    ("poem", "Write a haiku about autumn leaves."),
-    ("explain", "Explain what a hash table is to a beginner."),
-    ("json", "Return a JSON object with the keys name and age for Ana, who is 30."),
-    ("repeat", "Repeat exactly: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."),
-    ("sql", "Write an SQL query that selects all users older than 21 from a table named users."),
+SMOLLM_PROMPTS = [  # (kind, prompt, random tree shape, also run the oracle drafter)
+    ("chat", "Hi! How are you today?", ("backbone", 3, 2, 4), True),
+    ("code", "Write a Python function that returns the factorial of n.", ("chain", 2, 1, 3), False),
+    ("list", "List five fruits that are red.", ("backbone", 3, 2, 4), False),
+    ("math", "What is 17 times 23? Show your work.", ("chain", 3, 1, 4), True),
+    ("translate", "Translate 'good morning, my friend' into French and Spanish.", ("backbone", 2, 3, 4), False),
+    ("summary", "Summarize the plot of Romeo and Juliet in two sentences.", ("chain", 2, 1, 3), False),
+    ("poem", "Write a haiku about autumn leaves.", ("backbone", 3, 2, 4), False),
+    ("explain", "Explain what a hash table is to a beginner.", ("chain", 3, 1, 4), False),
+    ("json", "Return a JSON object with the keys name and age for Ana, who is 30.", ("backbone", 2, 3, 4), True),
+    ("repeat", "Repeat exactly: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat.",
+     ("chain", 2, 1, 3), False),
 ]
+SMOLLM_NEW = 20
 
 
 @pytest.mark.integration
-def test_greedy_lossless_real_model(smollm):
-    """Vanilla vs a random drafter (rejections with real numerics), the lookup drafter, and an
-    oracle drafter (multi-token acceptances) on the default model, fp32."""
+@pytest.mark.parametrize("kind,prompt,shape,oracle", SMOLLM_PROMPTS, ids=[p[0] for p in SMOLLM_PROMPTS])
+def test_greedy_lossless_real_model(smollm, kind, prompt, shape, oracle):
+    """Vanilla vs a random drafter (rejections with real numerics), the lookup drafter and, on some
+    prompts, an oracle drafter (multi-token acceptances, side leaves) on the default model, fp32."""
     vocab = smollm.model.config.vocab_size
-    new = 24
-    looked_up = forwards = 0
-    for i, (kind, prompt) in enumerate(SMOLLM_PROMPTS):
-        ids = chat_prompt_ids(smollm, prompt)
-        ref, traces = run(smollm, ids, max_new_tokens=new)
-        assert traces[-1].finished in ("eos", "length") and len(ref) <= new
-        shape = ("chain", 3, 1, 8) if i % 2 else ("backbone", 4, 3, 8)
-        out, _ = run(smollm, ids, drafter=RandomDrafter(vocab, *shape, seed=i), max_new_tokens=new)
-        assert out == ref, f"random drafter differs from vanilla on the {kind} prompt"
-        out, traces = run(smollm, ids, drafter=LookupDrafter(), max_new_tokens=new)
-        assert out == ref, f"lookup drafter differs from vanilla on the {kind} prompt"
-        looked_up += sum(len(tr.tokens) - 1 for tr in traces[1:])
-        forwards += traces[-1].forwards
-        if i % 3 == 0:
-            drafter = OracleDrafter(ref, vocab, "backbone", 6, 3, 16, seed=i, corrupt=0.2, side=0.2)
-            out, traces = run(smollm, ids, drafter=drafter, max_new_tokens=new)
-            assert out == ref, f"oracle drafter differs from vanilla on the {kind} prompt"
-            assert traces[-1].tau > 1.8
-    assert looked_up > 0
+    seed = [p[0] for p in SMOLLM_PROMPTS].index(kind)
+    ids = chat_prompt_ids(smollm, prompt)
+    ref, traces = run(smollm, ids, max_new_tokens=SMOLLM_NEW)
+    assert len(ref) == SMOLLM_NEW or traces[-1].finished == "eos"
+    out, _ = run(smollm, ids, drafter=RandomDrafter(vocab, *shape, seed=seed), max_new_tokens=SMOLLM_NEW)
+    assert out == ref, "random drafter differs from vanilla"
+    out, traces = run(smollm, ids, drafter=LookupDrafter(), max_new_tokens=SMOLLM_NEW)
+    assert out == ref, "lookup drafter differs from vanilla"
+    if kind == "repeat":
+        assert traces[-1].tau > 1.5, "lookup must accept when the reply quotes the prompt"
+    if oracle:
+        drafter = OracleDrafter(ref, vocab, "backbone", 6, 3, 12, seed=seed, corrupt=0.2, side=0.2)
+        out, traces = run(smollm, ids, drafter=drafter, max_new_tokens=SMOLLM_NEW)
+        assert out == ref, "oracle drafter differs from vanilla"
+        assert traces[-1].tau > 1.8
 
 
 # -- stop tokens and max_new_tokens ----------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""fasteagle.lookup: the prompt-lookup (n-gram) drafter."""
+
+from __future__ import annotations
+
+import torch
+
+from fasteagle.generate import run
+from fasteagle.lookup import LookupDrafter
+from tests.conftest import TINY_VOCAB
+
+
+def drafted(history: list[int], root: int, **kw):
+    d = LookupDrafter(**kw)
+    d.reset(100)
+    d.extend(torch.tensor(history), None, root)
+    tree = d.draft(root)
+    return tree.tokens.tolist(), tree.parents.tolist()
+
+
+def branches(tokens: list[int], parents: list[int]) -> list[list[int]]:
+    """Root-to-leaf token lists (root excluded)."""
+    leaves = [i for i in range(len(tokens)) if i not in parents]
+    out = []
+    for leaf in leaves:
+        path, j = [], leaf
+        while parents[j] >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        out.append(path[::-1])
+    return out
+
+
+def test_no_match_gives_the_root_alone():
+    assert drafted([5, 6, 7], 8) == ([8], [-1])
+    assert drafted([], 8) == ([8], [-1])
+
+
+def test_repeats_the_continuation_of_an_earlier_occurrence():
+    toks, parents = drafted([5, 6, 7, 8, 5, 6], 7)
+    assert toks == [7, 8, 5, 6, 7] and parents == [-1, 0, 1, 2, 3]  # a chain: root -> 8 -> 5 -> 6 -> 7
+
+
+def test_longest_suffix_wins():
+    # [1, 2, 3] occurred before (then 9); the 1-gram [3] occurred more recently (then 4)
+    toks, _ = drafted([1, 2, 3, 9, 7, 3, 4, 1, 2], 3)
+    assert toks[1] == 9
+    toks, _ = drafted([1, 2, 3, 9, 7, 3, 4, 1, 2], 3, max_ngram=1)
+    assert toks[1] == 4  # with unigrams only, the newest occurrence wins
+
+
+def test_branches_newest_first_with_distinct_first_tokens():
+    toks, parents = drafted([4, 10, 4, 11], 4)
+    assert toks == [4, 11, 4, 10, 4, 11, 4] and parents == [-1, 0, 1, 0, 3, 4, 5]
+    # an older occurrence whose continuation starts like a newer one adds no branch
+    toks, parents = drafted([4, 10, 5, 4, 10, 6], 4)
+    assert branches(toks, parents) == [[10, 6, 4]]
+
+
+def test_depth_and_branch_limits():
+    history = [4, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 4, 30, 31, 4, 40, 41, 4, 50]
+    toks, parents = drafted(history, 4, depth=3, branches=2)
+    assert branches(toks, parents) == [[50, 4], [40, 41, 4]]
+    toks, parents = drafted(history, 4, depth=8, branches=10)
+    assert branches(toks, parents) == [
+        [50, 4], [40, 41, 4, 50, 4], [30, 31, 4, 40, 41, 4, 50, 4], [20, 21, 22, 23, 24, 25, 26, 27]]
+    assert max(len(b) for b in branches(*drafted(history, 4, depth=2, branches=10))) == 2
+
+
+def test_reset_and_extend():
+    d = LookupDrafter()
+    d.extend(torch.tensor([5, 6, 7, 8, 5, 6]), None, 7)
+    d.extend(torch.tensor([7, 9]), None, 5)
+    assert d.history == [5, 6, 7, 8, 5, 6, 7, 9]
+    assert d.draft(5).tokens.tolist()[:2] == [5, 6]
+    d.reset(10)
+    assert d.history == [] and d.draft(5).size == 1
+
+
+def test_in_the_loop_drafts_come_from_the_history(tiny):
+    """Every drafted branch is the continuation of an earlier occurrence of the root in the text so
+    far, and the output stays the vanilla output."""
+    ids = torch.tensor([9, 10, 11, 12, 9, 10, 11, 12, 9, 10])
+
+    class Recording(LookupDrafter):
+        def draft(self, root):
+            tree = super().draft(root)
+            self.seen.append((list(self.history), root, tree))
+            return tree
+
+    d = Recording()
+    d.seen = []
+    out, traces = run(tiny, ids, drafter=d, max_new_tokens=40)
+    assert out == run(tiny, ids, max_new_tokens=40)[0]
+    assert len(d.seen) == traces[-1].forwards
+    n_drafted = 0
+    for history, root, tree in d.seen:
+        seq = history + [root]
+        toks, parents = tree.tokens.tolist(), tree.parents.tolist()
+        assert toks[0] == root
+        if len(toks) == 1:
+            continue  # nothing found: the root alone
+        for branch in branches(toks, parents):
+            n_drafted += 1
+            assert any(seq[s] == root and seq[s + 1: s + 1 + len(branch)] == branch for s in range(len(seq) - 1))
+    assert n_drafted > 0
+    assert sum(len(tr.tokens) - 1 for tr in traces[1:]) > 0, "the repetitive tiny model must accept drafts"
+    assert all(0 <= t < TINY_VOCAB for t in out)
