@@ -20,10 +20,11 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -136,7 +137,7 @@ def device_text(target: Target) -> str:
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
         return f"**Device:** CUDA · {name} · {dtype}" + (" · ZeroGPU" if spaces is not None else "")
-    return f"**Device:** CPU ({torch.get_num_threads()} threads) · {dtype}" + (
+    return f"**Device:** CPU (torch threads: {torch.get_num_threads()}) · {dtype}" + (
         " · ZeroGPU (decodes run on the GPU)" if spaces is not None else "")
 
 
@@ -153,12 +154,18 @@ class Request:
 
 
 def _timed(gen: Iterator) -> Iterator[tuple[Any, float]]:
-    """Items of `gen` with the seconds spent inside `gen` so far (consumer time excluded)."""
+    """Items of `gen` with the seconds spent inside `gen` so far (consumer time excluded).
+
+    Each step runs under torch.inference_mode in the *calling* thread: Gradio resumes a streaming
+    handler on whichever worker thread is free, and inference mode is thread-local, so the mode
+    `generate` entered on its first thread would be missing on the next one (its cache updates
+    would then fail)."""
     spent = 0.0
     while True:
         t0 = time.perf_counter()
         try:
-            item = next(gen)
+            with torch.inference_mode():
+                item = next(gen)
         except StopIteration:
             return
         spent += time.perf_counter() - t0
@@ -361,7 +368,8 @@ def summary_markdown(method: str, spec: dict, van: dict | None) -> str:
 def step_markdown(tr: dict, label_decode: Callable[[list[int]], str], n_steps: int) -> str:
     toks = tr.get("tokens") or []
     depths = tr.get("token_depths") or []
-    parts = [f"`{viz.token_label(label_decode([t]), 16)}`" + (" (bonus)" if d == 0 else f" (d{d})") for t, d in zip(toks, depths)]
+    parts = [f"`{viz.token_label(label_decode([t]), 16)}`" + (" (bonus)" if d == 0 else f" (d{d})")
+             for t, d in zip(toks, depths)]
     return (f"**Step {tr.get('step', 0)} of {n_steps - 1}** emitted {len(toks)} token(s): " + ", ".join(parts)
             + (f" · finished: {tr['finished']}" if tr.get("finished") else ""))
 
@@ -385,7 +393,6 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
     methods = [m.label for m in engine.available]
     missing = [m for m in engine.methods if not m.available and m.key == "fasteagle"]
     dtype = str(target.dtype).replace("torch.", "")
-    cmap = viz.color_map()
 
     with gr.Blocks(title="FastEagle: speculative decoding, step by step") as demo:
         gr.Markdown("# FastEagle: speculative decoding, step by step\n"
@@ -415,15 +422,13 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                     with gr.Column():
                         spec_stats = gr.Markdown("**speculative** · not run yet", elem_id="spec-stats",
                                                  elem_classes="stats")
-                        spec_reply = gr.HighlightedText(label="Speculative reply: colour = how each token was made",
-                                                        color_map=cmap, show_legend=True, show_inline_category=False,
-                                                        combine_adjacent=False, elem_id="spec-reply")
+                        spec_reply = gr.HTML(viz.spans_html([], empty="the reply appears here"),
+                                             elem_id="spec-reply", container=True, padding=True)
                     with gr.Column():
                         van_stats = gr.Markdown("**vanilla** · not run yet", elem_id="vanilla-stats",
                                                 elem_classes="stats")
-                        van_reply = gr.HighlightedText(label="Vanilla reply (every token is the target's own)",
-                                                       color_map=cmap, show_legend=False, show_inline_category=False,
-                                                       combine_adjacent=False, elem_id="vanilla-reply")
+                        van_reply = gr.HTML(viz.spans_html([], legend=False, empty="every token is the target's own"),
+                                            elem_id="vanilla-reply", container=True, padding=True)
                 badge = gr.HTML('<div class="badge info">run a prompt to compare the outputs</div>',
                                 elem_id="identical-badge")
                 tree_plot = gr.Plot(value=viz.empty_figure(), show_label=False, elem_id="tree-plot")
@@ -459,7 +464,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
             n = len(traces)
             upd = {
                 spec_stats: _fmt_stats("speculative", traces[-1], s_sum["wall_s"], mlabel),
-                spec_reply: viz.highlighted(spans_from_json(spec.get("spans") or [])),
+                spec_reply: viz.spans_html(spans_from_json(spec.get("spans") or [])),
                 summary: summary_markdown(mlabel, s_sum, v_sum),
                 hist_plot: viz.acceptance_histogram(traces),
                 depth_plot: viz.depth_acceptance_chart(traces),
@@ -471,13 +476,13 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
             }
             if van:
                 upd[van_stats] = _fmt_stats("vanilla", van["traces"][-1], v_sum["wall_s"])
-                upd[van_reply] = viz.highlighted(spans_from_json(van.get("spans") or []))
+                upd[van_reply] = viz.spans_html(spans_from_json(van.get("spans") or []), legend=False)
                 s_toks = [t for tr in traces for t in tr["tokens"]]
                 v_toks = [t for tr in van["traces"] for t in tr["tokens"]]
                 upd[badge] = badge_html(s_toks, v_toks, float(meta.get("temperature", 0)) <= 0, meta.get("dtype", ""))
             else:
                 upd[van_stats] = "**vanilla** · not in this trace"
-                upd[van_reply] = []
+                upd[van_reply] = viz.spans_html([], legend=False, empty="no vanilla decode in this trace")
                 upd[badge] = '<div class="badge info">no vanilla decode in this trace</div>'
             return upd
 
@@ -491,7 +496,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 return
             mlabel = req.method.label
             yield {spec_stats: _fmt_stats("speculative", None, 0), van_stats: _fmt_stats("vanilla", None, 0),
-                   spec_reply: [], van_reply: [], summary: "", step_info: "",
+                   spec_reply: viz.spans_html([]), van_reply: viz.spans_html([], legend=False), summary: "",
+                   step_info: "",
                    badge: '<div class="badge info">decoding…</div>',
                    step_slider: gr.Slider(interactive=False),
                    tree_plot: viz.empty_figure("prefill: the target reads the prompt…")}
@@ -517,11 +523,11 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                     last_frame = now
                     if side == "speculative":
                         yield {spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
-                               spec_reply: viz.highlighted(builders[side].spans),
+                               spec_reply: viz.spans_html(builders[side].spans),
                                tree_plot: viz.tree_figure(tr, engine.label_decode)}
                     else:
                         yield {van_stats: _fmt_stats("vanilla", tr, spent),
-                               van_reply: viz.highlighted(builders[side].spans)}
+                               van_reply: viz.spans_html(builders[side].spans, legend=False)}
                 sides = {}
                 for side, rec in record.items():
                     sides[side] = {"traces": rec["traces"], "elapsed": rec["elapsed"],
@@ -609,8 +615,13 @@ def main() -> None:
         demo = build_app()
     except FastEagleError as exc:
         raise SystemExit(f"error: {exc}") from None
-    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), theme=theme(), css=CSS,
-                show_error=False)
+    launch(demo, server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+
+
+def launch(demo: gr.Blocks, **kwargs):
+    """demo.launch with the app's theme and CSS (Gradio 6 takes them at launch); never share=True."""
+    kwargs.setdefault("show_error", False)
+    return demo.launch(theme=theme(), css=CSS, **kwargs)
 
 
 def theme() -> gr.themes.Base:

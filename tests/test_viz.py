@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -10,8 +11,21 @@ import viz
 from fasteagle.generate import chat_prompt_ids, run
 from fasteagle.lookup import LookupDrafter
 from viz import charts, tokens, trace_io
-from viz.tree import (ACCEPTED, ACCEPTED_PATH, BONUS_NAME, LABEL_HEIGHT_PX, MARKER_PX, NEVER_REACHED, REJECTED,
-                      VERDICT_COLORS, VERDICTS, figure_height, row_spacing_px, tree_figure, tree_layout)
+from viz.tree import (
+    ACCEPTED,
+    ACCEPTED_PATH,
+    BONUS_NAME,
+    LABEL_HEIGHT_PX,
+    MARKER_PX,
+    NEVER_REACHED,
+    REJECTED,
+    VERDICT_COLORS,
+    VERDICTS,
+    figure_height,
+    row_spacing_px,
+    tree_figure,
+    tree_layout,
+)
 
 NAMES = {7: "The", 8: " cat", 9: " dog", 10: " sat", 11: "\n", 12: " ran", 13: " on", 14: "\t", 15: " the"}
 
@@ -169,6 +183,21 @@ def test_reply_spans_coloured_by_how_each_token_was_made():
     cmap = viz.color_map()
     assert all(cat in cmap for _, cat in hl)
     assert len(set(cmap.values())) == len(cmap)  # every depth its own colour
+
+
+def test_reply_html_spans():
+    spans = viz.token_spans([{"step": 0, "tokens": [7], "token_depths": [0]}, backbone_step()], decode)
+    spans.append(tokens.Span("<b>&", 1, 5, [99]))
+    html = viz.spans_html(spans)
+    toks = re.findall(r'<span class="fe-tok" data-depth="(\d+)" data-step="(\d+)" style="background:([^;]+);[^"]*" '
+                      r'title="([^"]*)">(.*?)</span>', html)
+    assert [(int(d), t) for d, _, _, _, t in toks] == [(0, "The"), (1, " cat"), (2, " sat"), (0, " the"),
+                                                          (1, "&lt;b&gt;&amp;")]
+    assert [c for _, _, c, _, _ in toks] == [tokens.depth_color(int(d)) for d, _, _, _, _ in toks]
+    assert "depth 2" in toks[2][3] and "step 3" in toks[2][3] and "token id 10" in toks[2][3]
+    assert "white-space:pre-wrap" in html and "fe-legend" in html
+    assert "fe-legend" not in viz.spans_html(spans, legend=False)
+    assert "nothing yet" in viz.spans_html([], empty="nothing yet")
 
 
 def test_spans_merge_a_character_split_across_tokens():

@@ -1,15 +1,31 @@
 """Pure trace -> picture functions for the FastEagle app (no model, no Gradio)."""
 
-from viz.charts import (accepted_lengths, acceptance_histogram, depth_acceptance, depth_acceptance_chart,
-                        summarize, time_split_chart)
-from viz.tokens import (BONUS, Span, SpanBuilder, color_map, depth_category, highlighted, token_label, token_spans,
-                        visible)
+from viz.charts import (
+    acceptance_histogram,
+    accepted_lengths,
+    depth_acceptance,
+    depth_acceptance_chart,
+    summarize,
+    time_split_chart,
+)
+from viz.tokens import (
+    BONUS,
+    Span,
+    SpanBuilder,
+    color_map,
+    depth_category,
+    highlighted,
+    spans_html,
+    token_label,
+    token_spans,
+    visible,
+)
 from viz.trace_io import TraceFileError, make_run_file, parse_run_file
 from viz.tree import ACCEPTED_PATH, VERDICT_COLORS, VERDICTS, empty_figure, tree_figure, tree_layout
 
 __all__ = [
     "ACCEPTED_PATH", "BONUS", "Span", "SpanBuilder", "TraceFileError", "VERDICTS", "VERDICT_COLORS",
     "accepted_lengths", "acceptance_histogram", "color_map", "depth_acceptance", "depth_acceptance_chart",
-    "depth_category", "empty_figure", "highlighted", "make_run_file", "parse_run_file", "summarize",
+    "depth_category", "empty_figure", "highlighted", "make_run_file", "parse_run_file", "spans_html", "summarize",
     "time_split_chart", "token_label", "token_spans", "tree_figure", "tree_layout", "visible",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
@@ -97,7 +97,7 @@ def depth_acceptance_chart(traces: Traces) -> go.Figure:
                       "<extra></extra>"))
     fig.update_yaxes(range=[0, 1.15], tickformat=".0%")
     fig.update_xaxes(dtick=1)
-    return _layout(fig, "acceptance rate per draft depth (given the parent was accepted)", "draft depth",
+    return _layout(fig, "acceptance rate per depth (parent accepted)", "draft depth",
                    "accepted / reached")
 
 

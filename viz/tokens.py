@@ -7,8 +7,8 @@ callable, never a model.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 Decode = Callable[[list[int]], str]
 
@@ -124,3 +124,29 @@ def spans_to_json(spans: Iterable[Span]) -> list[dict]:
 def spans_from_json(rows: Iterable[Mapping]) -> list[Span]:
     return [Span(str(r["text"]), int(r["depth"]), int(r.get("step", 0)), [int(t) for t in r.get("token_ids", [])])
             for r in rows]
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def legend_html(max_depth: int = len(DEPTH_COLORS)) -> str:
+    chips = "".join(f'<span class="fe-chip" style="background:{c};padding:1px 6px;margin-right:4px;'
+                    f'border-radius:4px;font-size:0.8em;color:#222">{_esc(cat)}</span>'
+                    for cat, c in color_map(max_depth).items())
+    return f'<div class="fe-legend" style="margin-bottom:6px;line-height:1.9">{chips}</div>'
+
+
+def spans_html(spans: Iterable[Span], legend: bool = True, empty: str = "") -> str:
+    """The reply as running text: one <span> per token with its background colour by how it was
+    made, `data-depth` / `data-step` attributes and a tooltip. Whitespace is kept (pre-wrap)."""
+    parts = []
+    for s in spans:
+        how = "the target's own (bonus) token" if s.depth <= 0 else f"draft token accepted at depth {s.depth}"
+        tip = f"{how} · step {s.step} · token id {', '.join(map(str, s.token_ids))}"
+        parts.append(f'<span class="fe-tok" data-depth="{s.depth}" data-step="{s.step}" '
+                     f'style="background:{depth_color(s.depth)};border-radius:3px;color:#111" '
+                     f'title="{_esc(tip)}">{_esc(s.text)}</span>')
+    body = "".join(parts) or f'<span class="fe-empty" style="color:#888">{_esc(empty)}</span>'
+    return ((legend_html() if legend else "") + '<div class="fe-reply" style="white-space:pre-wrap;line-height:1.6;'
+            f'font-size:0.95em">{body}</div>')

@@ -4,7 +4,8 @@ them without the model (token labels, reply spans, settings, timings). Plain JSO
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 FORMAT = "fasteagle-trace"
 VERSION = 1

@@ -11,8 +11,8 @@ Colours give the verifier's verdict per node; the accepted path is one thick lin
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import plotly.graph_objects as go
 
