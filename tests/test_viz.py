@@ -56,16 +56,39 @@ def _node_traces(fig):
 
 
 # -- layout -----------------------------------------------------------------------------------------
-def test_layout_rows_are_leaves_and_chains_stay_on_one_row():
+def _crossings(lay) -> list:
+    """Pairs of edges that cross: in one column gap, parent order and child order disagree."""
+    edges = [(lay.x[c], lay.y[p], lay.y[c]) for c, p in enumerate(lay.parents) if p >= 0]
+    return [(a, b) for a in edges for b in edges
+            if a[0] == b[0] and (a[1] - b[1]) * (a[2] - b[2]) < 0]
+
+
+def test_layout_keeps_chains_on_one_row_and_packs_side_leaves():
     parents = backbone_step()["tree"]["parents"]
     lay = tree_layout(parents)
-    leaves = [i for i in range(len(parents)) if i not in parents]
-    assert lay.rows == len(leaves)
-    assert sorted(lay.y[i] for i in leaves) == list(range(len(leaves)))  # one row per leaf
     assert lay.x == [0, 1, 1, 2, 2, 2, 3, 3]  # x = depth
     assert lay.y[0] == lay.y[1] == lay.y[3] == lay.y[6] == 0  # the backbone is one straight line
+    assert lay.y[2] == 1 and (lay.y[4], lay.y[5]) == (1, 2) and lay.y[7] == 1  # side leaves right below
+    assert lay.rows == 3
     positions = list(zip(lay.x, lay.y))
     assert len(set(positions)) == len(positions)  # no two nodes in one place
+    assert not _crossings(lay)
+
+
+def test_layout_of_random_trees_has_no_collisions_or_crossings():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        lay = tree_layout(parents, bonus_parent=rng.randrange(n))
+        positions = list(zip(lay.x, lay.y))
+        assert len(set(positions)) == len(positions)
+        assert not _crossings(lay)
+        assert all(lay.x[c] == lay.x[p] + 1 and lay.y[c] >= lay.y[p] for c, p in enumerate(lay.parents) if p >= 0)
+        leaves = sum(1 for i in range(len(lay.parents)) if i not in lay.parents)
+        assert lay.rows == max(lay.y) + 1 <= leaves
 
 
 def test_layout_with_bonus_node_never_collides():

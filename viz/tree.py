@@ -1,12 +1,15 @@
 """One step's draft tree as a Plotly figure.
 
-Nodes are tokens laid out by depth (x) and leaf order (y): every leaf gets its own row and an inner
-node sits on the row of its first child, so a drafted chain (FastEagle's backbone, a lookup
-continuation) reads as one line of text and side branches hang below it. The figure's height is
-`rows * ROW_PX` plus margins, which keeps labels from ever overlapping vertically.
+Nodes are tokens laid out by depth (x) and rows (y) in depth-first leaf order: a drafted chain
+(FastEagle's backbone, a lookup continuation) reads as one line of text and side branches hang
+below their parent, packed per column, with no crossing edges. The figure's height is
+`rows * ROW_PX` plus margins (rows grow with the number of leaves), which keeps labels from ever
+overlapping vertically.
 
 Colours give the verifier's verdict per node; the accepted path is one thick line trace named
-`ACCEPTED_PATH`; the target's own (bonus) token after the path is drawn as an extra node.
+`ACCEPTED_PATH` (its points are exactly the accepted nodes); the target's own (bonus) token after
+the path is drawn as an extra node. Edges are elbows (line shape 'hvh': the vertical part halfway
+between two depth columns) so they never run through the labels above the markers.
 """
 
 from __future__ import annotations
@@ -43,8 +46,13 @@ class Layout:
 
 
 def tree_layout(parents: list[int], bonus_parent: int | None = None) -> Layout:
-    """x = depth, y = leaf row. With `bonus_parent`, a virtual last child of that node is added
-    (index len(parents)): the target's bonus token."""
+    """x = depth; y = row. Nodes are placed in depth-first order: a node's first child stays on its
+    parent's row when that column is free there (a chain reads as one line), every other node takes
+    the first free row of its column. Rows in a column therefore grow in placement order, so the
+    children of a higher node always sit above those of a lower one and no two edges cross.
+
+    With `bonus_parent`, a virtual last child of that node is added (index len(parents)): the
+    target's bonus token."""
     parents = [int(p) for p in parents]
     bonus = None
     if bonus_parent is not None:
@@ -57,23 +65,19 @@ def tree_layout(parents: list[int], bonus_parent: int | None = None) -> Layout:
         (children[p] if 0 <= p < n else roots).append(i)
     depth = [0] * n
     y: list[float] = [0.0] * n
-    row = 0
-    for r in roots:  # iterative post-order: leaves take rows in DFS order
-        stack = [(r, False)]
-        while stack:
-            i, done = stack.pop()
-            if done:
-                y[i] = y[children[i][0]]
-                continue
-            if not children[i]:
-                y[i] = float(row)
-                row += 1
-                continue
-            stack.append((i, True))
-            for c in reversed(children[i]):
-                depth[c] = depth[i] + 1
-                stack.append((c, False))
-    return Layout([float(d) for d in depth], y, max(row, 1), parents, bonus)
+    next_free: dict[int, int] = {}  # column -> first free row
+    stack = [(r, None) for r in reversed(roots)]
+    while stack:  # iterative pre-order: place a node, then its children, first child first
+        i, want = stack.pop()
+        d = depth[i]
+        row = next_free.get(d, 0) if want is None else max(want, next_free.get(d, 0))
+        y[i] = float(row)
+        next_free[d] = row + 1
+        for k, c in reversed(list(enumerate(children[i]))):
+            depth[c] = d + 1
+            stack.append((c, row if k == 0 else None))
+    rows = max(next_free.values(), default=1)
+    return Layout([float(d) for d in depth], y, max(rows, 1), parents, bonus)
 
 
 def figure_height(rows: int) -> int:
@@ -127,11 +131,11 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
             ex += [lay.x[p], lay.x[i], None]
             ey += [lay.y[p], lay.y[i], None]
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="edges", hoverinfo="skip", showlegend=False,
-                             line={"color": "#d0d0d0", "width": 1.5}))
+                             line={"color": "#d0d0d0", "width": 1.5, "shape": "hvh"}))
     # The accepted path: exactly the accepted nodes, root first.
     fig.add_trace(go.Scatter(x=[lay.x[i] for i in path], y=[lay.y[i] for i in path], mode="lines",
                              name=ACCEPTED_PATH, hoverinfo="skip",
-                             line={"color": VERDICT_COLORS[ACCEPTED], "width": 6}, opacity=0.45))
+                             line={"color": VERDICT_COLORS[ACCEPTED], "width": 6, "shape": "hvh"}, opacity=0.45))
     # Nodes, one trace per verdict (each always present so the legend stays put).
     for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):
         idx = [i for i in range(n) if status[i] == verdict]
@@ -154,7 +158,7 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
             x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines+markers+text", name=BONUS_NAME,
             text=["", token_label(btext)], textposition="top center",
             textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": BONUS_COLOR},
-            line={"color": BONUS_COLOR, "width": 2, "dash": "dot"},
+            line={"color": BONUS_COLOR, "width": 2, "dash": "dot", "shape": "hvh"},
             marker={"size": [0, MARKER_PX + 4], "color": BONUS_COLOR, "symbol": "star"},
             customdata=[["", ""], [bonus_tok, repr(btext)]],
             hovertemplate="%{customdata[1]}<br>token id %{customdata[0]}<br>the target's own token after the "

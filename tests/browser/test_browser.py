@@ -1,0 +1,150 @@
+"""The app in a real browser: headless Debian Chromium driven by Playwright for Python, on the
+default model. Types a prompt, runs, waits for the tree plot, checks the accepted path, the
+vanilla timing and the identical-output badge, replays steps with the slider, and saves
+assets/screenshot.png.
+
+Needs `apt-get install -y chromium` and `pip install playwright` (never `playwright install`: the
+Debian browser is used). Skipped, with the reason, only when either is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("FASTEAGLE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "assets" / "screenshot.png"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+PROMPT = "List the days of the week, one per line, then list them again."
+MAX_NEW = 24
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python missing: pip install playwright")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(smollm):
+    import app
+
+    demo = app.build_app(smollm)  # the default drafter dir: FastEagle when trained, else lookup only
+    port = _free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    methods = [m.label for m in app.ENGINE.available]
+    yield f"http://127.0.0.1:{port}/", ("FastEagle" if "FastEagle" in methods else "lookup")
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    home = tmp_path_factory.mktemp("chromium-home")
+    env = dict(os.environ, HOME=str(home), XDG_CONFIG_HOME=str(home / "config"), XDG_CACHE_HOME=str(home / "cache"))
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS, env=env)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
+        pg = context.new_page()
+        pg.set_default_timeout(120_000)
+        yield pg
+        context.close()
+        browser.close()
+
+
+def _plot_traces(page, elem_id: str) -> list[dict]:
+    return page.evaluate(
+        """(id) => { const el = document.querySelector('#' + id + ' .js-plotly-plot');
+                     return el && el.data ? el.data.map(t => ({name: t.name, x: t.x ? Array.from(t.x) : [],
+                                                               n: t.x ? t.x.length : 0})) : []; }""", elem_id)
+
+
+def _plot_title(page) -> str:
+    return page.evaluate("""() => { const el = document.querySelector('#tree-plot .js-plotly-plot');
+                                    return el && el.layout ? (el.layout.title.text || '') : ''; }""")
+
+
+def _set_step(page, step: int) -> None:
+    """Move the replay slider with the keyboard, as a person would."""
+    rng = page.locator("#step-slider input[type=range]")
+    rng.focus()
+    page.keyboard.press("Home")
+    for _ in range(step):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function(
+        "(s) => (document.querySelector('#step-info')?.innerText || '').includes('Step ' + s + ' of')", arg=step)
+
+
+def test_run_and_replay_in_a_browser(app_url, page):
+    url, method = app_url
+    page.goto(url, wait_until="load")
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#method label", has_text=method).first.click()
+    num = page.locator("#max-new input[type=number]")
+    num.fill(str(MAX_NEW))
+    num.press("Enter")
+    page.locator("#run").click()
+
+    # The end of the run: the badge compares both outputs.
+    try:
+        page.wait_for_function(
+            "() => (document.querySelector('#identical-badge')?.innerText || '').includes('identical')",
+            timeout=180_000)
+    except sync_api.TimeoutError:
+        page.screenshot(path=str(Path(os.environ.get("TMPDIR", "/tmp")) / "fasteagle-browser-failure.png"),
+                        full_page=True)
+        raise
+    badge = page.locator("#identical-badge").inner_text()
+    assert "identical outputs" in badge and "differ" not in badge
+
+    # The tree plot, with its highlighted accepted path drawn.
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+    traces = {t["name"]: t for t in _plot_traces(page, "tree-plot")}
+    assert "accepted path" in traces and traces["accepted path"]["n"] >= 1
+    assert {"accepted", "rejected", "never reached"} <= set(traces)
+    assert page.locator("#tree-plot .legendtext", has_text="accepted path").count() == 1
+
+    # Both sides report their timing; the summary has the speed-up and the charts.
+    van = page.locator("#vanilla-stats").inner_text()
+    spec = page.locator("#spec-stats").inner_text()
+    assert "tokens/s" in van and "vanilla" in van and "tokens/s" in spec and "τ" in spec
+    assert "Speed-up" in page.locator("#summary").inner_text()
+    for chart in ("hist-plot", "depth-plot", "time-plot"):
+        assert _plot_traces(page, chart)
+    spec_text = page.locator("#spec-reply .fe-reply").inner_text()
+    assert spec_text.strip() and spec_text == page.locator("#vanilla-reply .fe-reply").inner_text()
+    assert page.locator("#spec-reply .fe-tok").count() >= 1
+
+    # Download the trace as a person would; pick the step that accepted the most drafts.
+    with page.expect_download() as dl:
+        page.locator("#download").click()
+    run = json.loads(Path(dl.value.path()).read_text(encoding="utf-8"))
+    traces_ = run["sides"]["speculative"]["traces"]
+    assert run["format"] == "fasteagle-trace" and len(traces_) > 2
+    best = max(range(1, len(traces_)), key=lambda i: (len(traces_[i]["path"]), len(traces_[i]["tree"]["tokens"])))
+
+    # Replay: the slider moves the tree to another step without decoding again.
+    _set_step(page, 1)
+    page.wait_for_function("() => { const el = document.querySelector('#tree-plot .js-plotly-plot');"
+                           "return el && el.layout && (el.layout.title.text || '').startsWith('step 1:'); }")
+    assert _plot_title(page).startswith("step 1:")
+    step = best if best != 1 else 2
+    _set_step(page, step)
+    page.wait_for_function("(s) => { const el = document.querySelector('#tree-plot .js-plotly-plot');"
+                           "return el && el.layout && (el.layout.title.text || '').startsWith('step ' + s + ':'); }",
+                           arg=step)
+    page.wait_for_timeout(500)  # let Plotly finish drawing
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 20_000
