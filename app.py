@@ -32,6 +32,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 import viz  # noqa: E402
+from fasteagle import cli  # noqa: E402
 from fasteagle.cli import DEFAULT_DRAFTER, make_drafter  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, generate  # noqa: E402
@@ -52,7 +53,7 @@ MAX_PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS = 256
 FRAME_S = 0.12  # at most one tree figure per this many seconds while streaming (the last step always)
 ANIMATE_S = 6.0  # precomputed runs replay in about this long per side
-EAGLE3_DRAFTER = ROOT / "assets" / "drafters" / "smollm2-135m-eagle3"
+EAGLE3_DRAFTER = getattr(cli, "DEFAULT_EAGLE3", ROOT / "assets" / "drafters" / "smollm2-135m-eagle3")
 
 EXPLAINER = """
 **Speculative decoding** makes a big *target* model emit several tokens per forward pass, with
@@ -110,7 +111,9 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
         MethodSpec("FastEagle", "fasteagle", fe, _has_weights(fe),
                    f"no FastEagle drafter at `{fe}`: train one with `python -m fasteagle train --out {fe}` "
                    "(or set FASTEAGLE_DRAFTER). The lookup drafter works without training."),
-        MethodSpec("EAGLE-3", "eagle3", e3, _has_weights(e3)),
+        MethodSpec("EAGLE-3", "eagle3", e3, _has_weights(e3),
+                   f"no EAGLE-3 drafter at `{e3}`: train one with `python -m fasteagle train --drafter eagle3 "
+                   f"--out {e3}` (or set FASTEAGLE_EAGLE3_DRAFTER)."),
         MethodSpec("lookup", "lookup", None, True),
     ]
 
@@ -266,8 +269,8 @@ class Engine:
                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         d = self._drafters[key]
         ks = [int(x) for x in req.tree_k.split(",")]
-        if hasattr(d, "tree_k"):
-            d.tree_k = ks[0] if len(ks) == 1 else ks
+        if hasattr(d, "tree_k"):  # one k per depth for FastEagle; EAGLE-3's dynamic tree takes one k
+            d.tree_k = ks[0] if len(ks) == 1 or m.key == "eagle3" else ks
         if hasattr(d, "tree_budget"):
             d.tree_budget = req.tree_budget
         return d

@@ -174,6 +174,29 @@ def test_decode_first_then_animate(tiny, tmp_path, monkeypatch):
         check_complete_run(call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12), 12)
 
 
+def test_trained_drafters_are_offered_and_draw_trees(tiny, tmp_path):
+    """With drafter directories present, FastEagle and EAGLE-3 join the method list and run."""
+    import torch
+
+    from fasteagle.drafter import CascadedDrafter, DrafterConfig
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    torch.manual_seed(0)
+    base = dict(intermediate=64)
+    CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, **base)).save(tmp_path / "fe")
+    AutoregressiveDrafter(AutoregressiveDrafter.config_for(DrafterConfig.for_target(tiny.model, tiny.name, **base),
+                                                           depth=3)).save(tmp_path / "e3")
+    demo = app.build_app(tiny, drafter_dir=tmp_path / "fe", eagle3_dir=tmp_path / "e3")
+    assert [m.label for m in app.ENGINE.available] == ["FastEagle", "EAGLE-3", "lookup"]
+    with served(demo) as client:
+        for method, k in (("FastEagle", "3,2,1"), ("EAGLE-3", "3")):
+            res = call_run(client, "w9 w10 w11 w12", method=method, max_new=10, tree_k=k, budget=6)
+            run = check_complete_run(res, 10)
+            assert run["meta"]["method"] == method
+            trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
+            assert trees and all(1 < len(t["tokens"]) <= 6 for t in trees)
+
+
 # -- the real default model -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def random_drafter(smollm, tmp_path_factory) -> Path:
