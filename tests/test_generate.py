@@ -24,10 +24,21 @@ from tests.drafters import OracleDrafter, RandomDrafter
 MAX_NEW = 32
 
 
+def sharp_target(seed: int = 1, layers: int = 3, attn: str = "eager", scale: float = 10.0):
+    """A tiny target whose attention is peaked (query and key weights scaled up): with the random
+    weights' near-uniform attention, a wrong key/value row or mask entry may not flip an argmax."""
+    target = tiny_target(seed=seed, layers=layers, attn=attn)
+    with torch.no_grad():
+        for layer in target.model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(scale)
+            layer.self_attn.k_proj.weight.mul_(scale)
+    return target
+
+
 @pytest.fixture(scope="module")
 def targets(tiny):
-    """The shared tiny target (2 layers, sdpa) and a 3-layer eager-attention one."""
-    return {"sdpa": tiny, "eager": tiny_target(seed=1, layers=3, attn="eager")}
+    """The shared tiny target (2 layers, sdpa) and a 3-layer eager-attention one with sharp attention."""
+    return {"sdpa": tiny, "eager": sharp_target()}
 
 
 def tiny_prompt(seed: int) -> torch.Tensor:

@@ -214,3 +214,49 @@ def test_tree_dict_round_trip(which):
     assert "ancestors" not in d
     assert_same_tree(DraftTree.from_dict(d), tree)
     assert_same_tree(tree.to("cpu"), tree)
+
+
+# -- built with tensor ops, not per-node Python loops ---------------------------------------------
+
+CONVERSIONS = ("tolist", "item", "__iter__", "__int__", "__index__", "__float__", "__bool__")
+
+
+@pytest.fixture
+def conversions(monkeypatch):
+    """Counts every tensor -> Python conversion (how a per-node Python loop would show up)."""
+    from collections import Counter
+
+    counts = Counter()
+    for name in CONVERSIONS:
+        orig = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _orig=orig, _name=name, **k):
+            counts[_name] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("width", [8, 400])
+def test_tree_building_is_tensor_ops(conversions, width):
+    from fasteagle.kvcache import attention_mask
+
+    # a root with `width` children, each with one child, one of which has a chain of 3 below it
+    n = 1 + 2 * width + 3
+    parents = torch.cat([torch.tensor([-1]), torch.zeros(width, dtype=torch.long), torch.arange(1, width + 1),
+                         torch.tensor([width + 1, 2 * width + 1, 2 * width + 2])])
+    tokens = torch.arange(n)
+    ids, probs = _topk(6, 10, 0)
+    conversions.clear()
+    tree = make_tree(tokens, parents)
+    assert sum(conversions.values()) <= 6, conversions  # about one check per depth level (max depth 5)
+    conversions.clear()
+    mask = attention_mask(tree.ancestors, 50, torch.float32)
+    tree.position_ids(50)
+    path_tree(tokens)
+    assert sum(conversions.values()) == 0, conversions
+    conversions.clear()
+    backbone(3, ids, probs, 10, 40)
+    assert sum(conversions.values()) <= 6 + 3, conversions  # make_tree's per-level checks (depth 6) + O(1)
+    assert mask.shape == (1, 1, n, 50 + n)

@@ -18,8 +18,17 @@ from scipy.stats import chi2
 from fasteagle import verify as V
 from fasteagle.kvcache import KVCache
 from fasteagle.tree import make_tree, path_tree, root_only
-from fasteagle.verify import (ACCEPTED, NEVER_REACHED, REJECTED, SamplingParams, target_probs, tree_forward,
-                              verify, verify_greedy, verify_sampling)
+from fasteagle.verify import (
+    ACCEPTED,
+    NEVER_REACHED,
+    REJECTED,
+    SamplingParams,
+    target_probs,
+    tree_forward,
+    verify,
+    verify_greedy,
+    verify_sampling,
+)
 from tests.test_tree import random_parents
 
 VOCAB = 320
