@@ -3,6 +3,8 @@
 `RandomDrafter` drafts seeded random trees (almost nothing gets accepted: exercises rejection).
 `OracleDrafter` is handed the vanilla output in advance and drafts the true continuation with
 some positions corrupted or moved to side leaves (much gets accepted: deep paths, side leaves).
+Shapes: "chain" (`tree.chain`), "backbone" (`tree.backbone`) and "dynamic" (an EAGLE-2-style
+expansion of the k best frontier nodes per depth, reranked by `tree.dynamic`).
 Both check that the loop calls them as the protocol says (the root of each tree is the token
 passed as `next_token`, and each `extend` starts with that root).
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fasteagle.tree import DraftTree, backbone, chain
+from fasteagle.tree import DraftTree, backbone, chain, dynamic
 
 
 class _ProtocolDrafter:
@@ -19,7 +21,7 @@ class _ProtocolDrafter:
 
     def __init__(self, vocab: int, shape: str = "chain", depth: int = 4, k: int | list[int] = 1,
                  budget: int = 64, seed: int = 0):
-        if shape not in ("chain", "backbone"):
+        if shape not in ("chain", "backbone", "dynamic"):
             raise ValueError(shape)
         self.vocab, self.shape, self.depth, self.k, self.budget, self.seed = vocab, shape, depth, k, budget, seed
         self.reset(0)
@@ -56,6 +58,35 @@ class _ProtocolDrafter:
         p = torch.softmax(torch.randn(n_rows, self.vocab, generator=self.gen) * 3, -1)
         return p.sort(-1, descending=True).values[:, : self.kmax]
 
+    def _expand(self, root: int, truth: list[int] | None = None, corrupt: float = 0.0) -> DraftTree:
+        """EAGLE-2-style candidates: k children under each of the k best frontier nodes per depth,
+        with random log-probabilities; with `truth`, the node on the true path gets the true next
+        token as a child (at a random rank) unless corrupted."""
+        k = self.kmax
+        tokens, parents, scores, depths = [], [], [], []
+        frontier, on_path = [(-1, 0.0)], -1  # (candidate index, score); the root is -1
+        for d in range(1, self.depth + 1):
+            new = []
+            for node, score in frontier:
+                t = truth[d - 1] if truth is not None and node == on_path else None
+                toks = self._distinct(k, exclude=t)
+                logp = self._sorted_probs(1)[0].log().tolist()
+                if t is not None and float(torch.rand((), generator=self.gen)) >= corrupt:
+                    toks[int(torch.randint(0, min(k, 2), (), generator=self.gen))] = t
+                for tok, lp in zip(toks.tolist(), logp):
+                    if t is not None and tok == t:
+                        on_path = len(tokens)
+                    tokens.append(tok)
+                    parents.append(node)
+                    scores.append(score + lp - 1e-6)  # strictly below the parent
+                    depths.append(d)
+                    new.append((len(tokens) - 1, scores[-1]))
+            frontier = sorted(new, key=lambda x: -x[1])[:k]
+        sc = torch.tensor(scores)
+        par = torch.tensor(parents)
+        probs = torch.exp(sc - torch.where(par >= 0, sc[par.clamp_min(0)], torch.zeros_like(sc)))
+        return dynamic(root, torch.tensor(tokens), par, sc, probs, torch.tensor(depths), self.budget)
+
     def draft(self, root: int) -> DraftTree:
         assert root == self.next_token, (root, self.next_token)
         tree = self._draft(root)
@@ -67,6 +98,8 @@ class RandomDrafter(_ProtocolDrafter):
     """Random ids, random probabilities: chains or backbone trees."""
 
     def _draft(self, root: int) -> DraftTree:
+        if self.shape == "dynamic":
+            return self._expand(root)
         if self.shape == "chain":
             toks = torch.randint(0, self.vocab, (self.depth,), generator=self.gen)
             return chain(root, toks, torch.rand(self.depth, generator=self.gen))
@@ -98,6 +131,8 @@ class OracleDrafter(_ProtocolDrafter):
 
     def _draft(self, root: int) -> DraftTree:
         truth = self._truth(root)
+        if self.shape == "dynamic":
+            return self._expand(root, truth, self.corrupt)
         if self.shape == "chain":
             toks = [self._wrong(t) if float(torch.rand((), generator=self.gen)) < self.corrupt else t for t in truth]
             return chain(root, torch.tensor(toks), torch.rand(self.depth, generator=self.gen))

@@ -80,6 +80,7 @@ SHAPES = [  # (shape, depth, k, budget)
     ("backbone", 1, 10, 11), ("backbone", 3, 2, 7), ("backbone", 4, [4, 3, 2, 1], 10), ("backbone", 6, 4, 16),
     ("backbone", 8, 10, 64), ("backbone", 5, 10, 64), ("backbone", 8, 10, 5),
     ("backbone", 8, [10, 8, 6, 4, 3, 2, 2, 1], 30), ("backbone", 3, 1, 64),
+    ("dynamic", 4, 3, 12), ("dynamic", 6, 6, 48),
 ]
 SEEDS = range(3)
 

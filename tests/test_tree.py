@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fasteagle.tree import DraftTree, backbone, chain, make_tree, path_tree, root_only
+from fasteagle.tree import DraftTree, backbone, chain, dynamic, make_tree, path_tree, root_only
 
 
 def random_parents(n: int, gen: torch.Generator, max_fanout_bias: float = 0.5) -> torch.Tensor:
@@ -192,6 +192,46 @@ def test_backbone_hand_made():
     assert tree.tokens.tolist() == [1, 10, 11, 20, 30, 31]
     assert tree.parents.tolist() == [-1, 0, 0, 1, 3, 3]
     assert backbone(1, ids, probs, 3, budget=3).tokens.tolist() == [1, 10, 20]  # budget cuts the spine
+
+
+# -- dynamic (EAGLE-2 rerank) ---------------------------------------------------------------------
+
+def _expansion(seed: int, depth: int, k: int):
+    """Candidates as an EAGLE-2 expansion makes them: k children under the k best frontier nodes."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens, parents, scores, depths = [], [], [], []
+    frontier = [(-1, 0.0)]
+    for d in range(1, depth + 1):
+        new = []
+        for node, score in frontier:
+            lp = torch.log_softmax(torch.randn(50, generator=gen) * 2, -1).topk(k).values.tolist()
+            for j in range(k):
+                tokens.append(int(torch.randint(4, 320, (), generator=gen)))
+                parents.append(node)
+                scores.append(score + lp[j] - 1e-6)
+                depths.append(d)
+                new.append((len(tokens) - 1, scores[-1]))
+        frontier = sorted(new, key=lambda x: -x[1])[:k]
+    return torch.tensor(tokens), torch.tensor(parents), torch.tensor(scores), torch.tensor(depths)
+
+
+@pytest.mark.parametrize("seed,depth,k,total",
+                         [(0, 4, 3, 12), (1, 6, 8, 60), (2, 3, 2, 100), (3, 5, 4, 1), (4, 1, 10, 6)])
+def test_dynamic_keeps_the_best_candidates_closed_under_ancestors(seed, depth, k, total):
+    tokens, parents, scores, depths = _expansion(seed, depth, k)
+    probs = torch.rand(tokens.shape[0])
+    tree = dynamic(7, tokens, parents, scores, probs, depths, total)
+    n = min(total - 1, tokens.shape[0])
+    assert tree.size == n + 1 and tree.tokens[0] == 7 and tree.parents[0] == -1
+    kept = scores.topk(n).indices.sort().values.tolist()  # candidate index of each kept node, in order
+    assert tree.tokens[1:].tolist() == tokens[kept].tolist()
+    assert tree.draft_probs[1:].tolist() == probs[kept].tolist()
+    for i, c in enumerate(kept, start=1):
+        p = int(parents[c])
+        want = 0 if p < 0 else kept.index(p) + 1  # the parent was kept too, and comes earlier
+        assert int(tree.parents[i]) == want < i
+        assert int(tree.depths[i]) == int(depths[c])
+    assert tree.sources[1:].tolist() == depths[kept].tolist()
 
 
 # -- serialisation ------------------------------------------------------------------------------
