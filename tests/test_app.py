@@ -115,6 +115,15 @@ def test_bad_inputs_warn_and_the_app_keeps_working(tiny_app, warnings):
         check_complete_run(res, 12)
 
 
+def test_sampling_runs_and_the_badge_explains(tiny_app):
+    with served(tiny_app) as client:
+        res = call_run(client, "w9 w10 w11 w9 w10 w11", max_new=10, temperature=0.9, seed=3)
+        assert "tokens/s" in res["van_stats"] and plot_data(res["tree"])
+        assert 'data-identical="true"' in res["badge"] or "expected when sampling" in res["badge"]
+        again = call_run(client, "w9 w10 w11 w9 w10 w11", max_new=10, temperature=0.9, seed=3)
+        assert reply_text(again["spec_reply"]) == reply_text(res["spec_reply"])  # the seed fixes the sample
+
+
 def test_missing_drafter_is_explained(tiny, tmp_path):
     engine = app.Engine(tiny, tmp_path / "nothing-here")
     assert [m.label for m in engine.available] == ["lookup"]

@@ -42,6 +42,11 @@ def depth_color(depth: int) -> str:
     return BONUS_COLOR if depth <= 0 else DEPTH_COLORS[min(depth, len(DEPTH_COLORS)) - 1]
 
 
+def text_color(depth: int) -> str:
+    """Dark text on the light colours, white on the deep greens."""
+    return "#ffffff" if depth >= 5 else "#111111"
+
+
 def color_map(max_depth: int = len(DEPTH_COLORS)) -> dict[str, str]:
     """Category -> colour for `gr.HighlightedText` (the bonus first, then depths 1..max_depth)."""
     return {depth_category(d): depth_color(d) for d in range(0, max_depth + 1)}
@@ -131,9 +136,9 @@ def _esc(text: str) -> str:
 
 
 def legend_html(max_depth: int = len(DEPTH_COLORS)) -> str:
-    chips = "".join(f'<span class="fe-chip" style="background:{c};padding:1px 6px;margin-right:4px;'
-                    f'border-radius:4px;font-size:0.8em;color:#222">{_esc(cat)}</span>'
-                    for cat, c in color_map(max_depth).items())
+    chips = "".join(f'<span class="fe-chip" style="background:{depth_color(d)};padding:1px 6px;margin-right:4px;'
+                    f'border-radius:4px;font-size:0.8em;color:{text_color(d)};white-space:nowrap">'
+                    f'{_esc(depth_category(d))}</span>' for d in range(max_depth + 1))
     return f'<div class="fe-legend" style="margin-bottom:6px;line-height:1.9">{chips}</div>'
 
 
@@ -145,7 +150,7 @@ def spans_html(spans: Iterable[Span], legend: bool = True, empty: str = "") -> s
         how = "the target's own (bonus) token" if s.depth <= 0 else f"draft token accepted at depth {s.depth}"
         tip = f"{how} · step {s.step} · token id {', '.join(map(str, s.token_ids))}"
         parts.append(f'<span class="fe-tok" data-depth="{s.depth}" data-step="{s.step}" '
-                     f'style="background:{depth_color(s.depth)};border-radius:3px;color:#111" '
+                     f'style="background:{depth_color(s.depth)};border-radius:3px;color:{text_color(s.depth)}" '
                      f'title="{_esc(tip)}">{_esc(s.text)}</span>')
     body = "".join(parts) or f'<span class="fe-empty" style="color:#888">{_esc(empty)}</span>'
     return ((legend_html() if legend else "") + '<div class="fe-reply" style="white-space:pre-wrap;line-height:1.6;'
