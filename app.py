@@ -103,17 +103,26 @@ def _has_weights(d: Path | None) -> bool:
     return d is not None and (d / "config.json").exists() and any(d.glob("model*.safetensors"))
 
 
+def _shown(p: Path) -> str:
+    """A path as people type it: relative to the repository when inside it."""
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
 def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None) -> list[MethodSpec]:
     """Every method the app knows, with whether it can run here (trained weights present)."""
     fe = Path(drafter_dir or os.environ.get("FASTEAGLE_DRAFTER") or DEFAULT_DRAFTER)
     e3 = Path(eagle3_dir or os.environ.get("FASTEAGLE_EAGLE3_DRAFTER") or EAGLE3_DRAFTER)
+    fe_s, e3_s = _shown(fe), _shown(e3)
     return [
         MethodSpec("FastEagle", "fasteagle", fe, _has_weights(fe),
-                   f"no FastEagle drafter at `{fe}`: train one with `python -m fasteagle train --out {fe}` "
+                   f"no FastEagle drafter at `{fe_s}`: train one with `python -m fasteagle train --out {fe_s}` "
                    "(or set FASTEAGLE_DRAFTER). The lookup drafter works without training."),
         MethodSpec("EAGLE-3", "eagle3", e3, _has_weights(e3),
-                   f"no EAGLE-3 drafter at `{e3}`: train one with `python -m fasteagle train --drafter eagle3 "
-                   f"--out {e3}` (or set FASTEAGLE_EAGLE3_DRAFTER)."),
+                   f"no EAGLE-3 drafter at `{e3_s}`: train one with `python -m fasteagle train --drafter eagle3 "
+                   f"--out {e3_s}` (or set FASTEAGLE_EAGLE3_DRAFTER)."),
         MethodSpec("lookup", "lookup", None, True),
     ]
 

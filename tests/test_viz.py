@@ -218,7 +218,7 @@ def test_reply_html_spans():
                                                           (1, "&lt;b&gt;&amp;")]
     assert [c for _, _, c, _, _ in toks] == [tokens.depth_color(int(d)) for d, _, _, _, _ in toks]
     assert "depth 2" in toks[2][3] and "step 3" in toks[2][3] and "token id 10" in toks[2][3]
-    assert "white-space:pre-wrap" in html and "fe-legend" in html
+    assert "white-space:pre-wrap" in html and html.count('class="fe-chip"') == 5  # legend: bonus, d1..d4
     assert "fe-legend" not in viz.spans_html(spans, legend=False)
     assert "nothing yet" in viz.spans_html([], empty="nothing yet")
 

@@ -136,7 +136,7 @@ def _esc(text: str) -> str:
 
 
 def legend_html(max_depth: int = len(DEPTH_COLORS)) -> str:
-    chips = "".join(f'<span class="fe-chip" style="background:{depth_color(d)};padding:1px 6px;margin-right:4px;'
+    chips = " ".join(f'<span class="fe-chip" style="background:{depth_color(d)};padding:1px 6px;margin-right:4px;'
                     f'border-radius:4px;font-size:0.8em;color:{text_color(d)};white-space:nowrap">'
                     f'{_esc(depth_category(d))}</span>' for d in range(max_depth + 1))
     return f'<div class="fe-legend" style="margin-bottom:6px;line-height:1.9">{chips}</div>'
@@ -145,6 +145,7 @@ def legend_html(max_depth: int = len(DEPTH_COLORS)) -> str:
 def spans_html(spans: Iterable[Span], legend: bool = True, empty: str = "") -> str:
     """The reply as running text: one <span> per token with its background colour by how it was
     made, `data-depth` / `data-step` attributes and a tooltip. Whitespace is kept (pre-wrap)."""
+    spans = list(spans)
     parts = []
     for s in spans:
         how = "the target's own (bonus) token" if s.depth <= 0 else f"draft token accepted at depth {s.depth}"
@@ -153,5 +154,6 @@ def spans_html(spans: Iterable[Span], legend: bool = True, empty: str = "") -> s
                      f'style="background:{depth_color(s.depth)};border-radius:3px;color:{text_color(s.depth)}" '
                      f'title="{_esc(tip)}">{_esc(s.text)}</span>')
     body = "".join(parts) or f'<span class="fe-empty" style="color:#888">{_esc(empty)}</span>'
-    return ((legend_html() if legend else "") + '<div class="fe-reply" style="white-space:pre-wrap;line-height:1.6;'
-            f'font-size:0.95em">{body}</div>')
+    deepest = min(max((s.depth for s in spans), default=0), len(DEPTH_COLORS))
+    head = legend_html(max(4, deepest)) if legend else ""  # the legend lists depths 0..max(4, deepest)
+    return head + f'<div class="fe-reply" style="white-space:pre-wrap;line-height:1.6;font-size:0.95em">{body}</div>'

@@ -98,15 +98,20 @@ def test_run_and_replay_in_a_browser(app_url, page):
 
     # The end of the run: the badge compares both outputs.
     try:
-        page.wait_for_function(
-            "() => (document.querySelector('#identical-badge')?.innerText || '').includes('identical')",
-            timeout=180_000)
+        page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
     except sync_api.TimeoutError:
         page.screenshot(path=str(Path(os.environ.get("TMPDIR", "/tmp")) / "fasteagle-browser-failure.png"),
                         full_page=True)
         raise
+    # Download the trace as a person would (kept in the temp dir: it explains any failure below).
+    with page.expect_download() as dl:
+        page.locator("#download").click()
+    text = Path(dl.value.path()).read_text(encoding="utf-8")
+    (Path(os.environ.get("TMPDIR", "/tmp")) / "fasteagle-browser-trace.json").write_text(text, encoding="utf-8")
+    run = json.loads(text)
     badge = page.locator("#identical-badge").inner_text()
-    assert "identical outputs" in badge and "differ" not in badge
+    assert page.locator("#identical-badge [data-identical]").get_attribute("data-identical") == "true", badge
+    assert "identical outputs" in badge
 
     # The tree plot, with its highlighted accepted path drawn.
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
@@ -126,10 +131,7 @@ def test_run_and_replay_in_a_browser(app_url, page):
     assert spec_text.strip() and spec_text == page.locator("#vanilla-reply .fe-reply").inner_text()
     assert page.locator("#spec-reply .fe-tok").count() >= 1
 
-    # Download the trace as a person would; pick the step that accepted the most drafts.
-    with page.expect_download() as dl:
-        page.locator("#download").click()
-    run = json.loads(Path(dl.value.path()).read_text(encoding="utf-8"))
+    # The downloaded trace; pick the step that accepted the most drafts for the screenshot.
     traces_ = run["sides"]["speculative"]["traces"]
     assert run["format"] == "fasteagle-trace" and len(traces_) > 2
     best = max(range(1, len(traces_)), key=lambda i: (len(traces_[i]["path"]), len(traces_[i]["tree"]["tokens"])))
