@@ -15,6 +15,7 @@ The app is thin: decoding is `fasteagle.generate.generate`, pictures are `viz`.
 from __future__ import annotations
 
 import glob
+import html
 import json
 import logging
 import os
@@ -557,11 +558,14 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 upd = finish(run, engine.label_decode)
                 upd[download] = str(path)
                 yield upd
-            except FastEagleError as exc:
-                gr.Warning(str(exc))
-            except Exception as exc:  # keep the app alive; the details go to the server log only
-                log.exception("decoding failed")
-                gr.Warning(f"decoding failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            except Exception as exc:  # keep the app alive; a traceback goes to the server log only
+                if isinstance(exc, FastEagleError):
+                    msg = str(exc)
+                else:
+                    log.exception("decoding failed")
+                    msg = f"decoding failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                gr.Warning(msg)
+                yield {badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
 
         def _live(ids, drafter, req):
             for side, d in (("speculative", drafter), ("vanilla", None)):

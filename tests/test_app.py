@@ -124,6 +124,23 @@ def test_sampling_runs_and_the_badge_explains(tiny_app):
         assert reply_text(again["spec_reply"]) == reply_text(res["spec_reply"])  # the seed fixes the sample
 
 
+def test_a_failure_mid_decode_warns_and_the_next_run_works(tiny_app, warnings, monkeypatch):
+    real = app.generate
+
+    def failing(*args, **kwargs):
+        gen = real(*args, **kwargs)
+        yield next(gen)
+        raise RuntimeError("boom\nsecond line")
+
+    with served(tiny_app) as client:
+        monkeypatch.setattr(app, "generate", failing)
+        res = call_run(client, "w9 w10 w11", max_new=6)
+        assert warnings[-1] == "decoding failed: RuntimeError: boom"
+        assert "decoding failed" in res["badge"] and "Traceback" not in res["badge"]
+        monkeypatch.setattr(app, "generate", real)
+        check_complete_run(call_run(client, "w9 w10 w11 w9 w10 w11", max_new=6), 6)
+
+
 def test_missing_drafter_is_explained(tiny, tmp_path):
     engine = app.Engine(tiny, tmp_path / "nothing-here")
     assert [m.label for m in engine.available] == ["lookup"]
