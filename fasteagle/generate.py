@@ -57,6 +57,7 @@ class StepTrace:
     generated: int = 0  # tokens generated so far, this step included
     forwards: int = 0  # target forwards so far (prefill excluded)
     finished: str | None = None  # "eos" or "length" on the last step
+    bonus: int = -1  # the target's own token this step: the next tree's root
 
     @property
     def tau(self) -> float:
@@ -134,54 +135,73 @@ def generate(
     ids = input_ids.to(dev)
     decoded = _Detokenizer(target.tokenizer)
 
+    # Each step runs under inference_mode on its own, never across a yield: the mode is per thread,
+    # and a consumer such as a Gradio handler may resume the generator on another thread.
     with torch.inference_mode():
-        # Prefill: the prompt is a causal chain whose last logits give the first token.
-        t0 = time.perf_counter()
-        logits, feats = tree_forward(model, cache, path_tree(ids), feature_layers)
-        cache.keep(torch.arange(ids.numel(), device=dev))
-        root = _sample(logits[-1:], sampling, generator)
-        _synchronize(dev)
-        verify_ms = (time.perf_counter() - t0) * 1e3
-        t0 = time.perf_counter()
-        if drafter:
-            drafter.reset(capacity)
-            drafter.extend(ids, feats, root)
-        _synchronize(dev)
-        draft_ms = (time.perf_counter() - t0) * 1e3
-        generated, forwards = 1, 0
-        finished = _finish_reason([root], stop_ids, generated, max_new_tokens)
-        yield StepTrace(step=0, tokens=[root], token_depths=[0], text=decoded.add([root]), draft_ms=draft_ms,
-                        verify_ms=verify_ms, generated=1, forwards=0, finished=finished)
-        step = 0
-        while not finished:
-            step += 1
-            t0 = time.perf_counter()
-            tree = drafter.draft(root) if drafter else root_only(root, dev)
-            tree = _fit(tree, capacity - cache.length)
-            _synchronize(dev)
-            t1 = time.perf_counter()
-            logits, feats = tree_forward(model, cache, tree, feature_layers)
-            verdict: Verdict = verify(logits, tree, sampling, generator)
-            cache.keep(verdict.path)
-            _synchronize(dev)
-            t2 = time.perf_counter()
-            path_tokens = tree.tokens[verdict.path]
-            new = path_tokens[1:].tolist() + [verdict.bonus]
-            depths = tree.depths[verdict.path][1:].tolist() + [0]
-            new, depths, finished = _clip(new, depths, stop_ids, generated, max_new_tokens)
-            generated += len(new)
-            forwards += 1
-            if drafter and not finished:
-                drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
-            _synchronize(dev)
-            t3 = time.perf_counter()
-            root = verdict.bonus
-            yield StepTrace(
-                step=step, tokens=new, token_depths=depths, text=decoded.add(new),
-                draft_ms=((t1 - t0) + (t3 - t2)) * 1e3, verify_ms=(t2 - t1) * 1e3,
-                tree=tree.to_dict(), status=verdict.status.tolist(), target_probs=verdict.target_probs.tolist(),
-                path=verdict.path.tolist(), generated=generated, forwards=forwards, finished=finished,
-            )
+        trace, root, finished = _prefill(model, cache, ids, drafter, capacity, sampling, generator, stop_ids,
+                                         max_new_tokens, feature_layers, decoded)
+    yield trace
+    step, generated, forwards = 0, 1, 0
+    while not finished:
+        step += 1
+        with torch.inference_mode():
+            trace = _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, max_new_tokens,
+                          feature_layers, decoded, step, generated, forwards)
+        generated, forwards, finished, root = trace.generated, trace.forwards, trace.finished, trace.bonus
+        yield trace
+
+
+def _prefill(model, cache, ids, drafter, capacity, sampling, generator, stop_ids, max_new_tokens, feature_layers,
+             decoded) -> tuple[StepTrace, int, str | None]:
+    """The prompt is a causal chain whose last logits give the first token (the next tree's root)."""
+    dev = ids.device
+    t0 = time.perf_counter()
+    logits, feats = tree_forward(model, cache, path_tree(ids), feature_layers)
+    cache.keep(torch.arange(ids.numel(), device=dev))
+    root = _sample(logits[-1:], sampling, generator)
+    _synchronize(dev)
+    verify_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    if drafter:
+        drafter.reset(capacity)
+        drafter.extend(ids, feats, root)
+    _synchronize(dev)
+    draft_ms = (time.perf_counter() - t0) * 1e3
+    finished = _finish_reason([root], stop_ids, 1, max_new_tokens)
+    trace = StepTrace(step=0, tokens=[root], token_depths=[0], text=decoded.add([root]), draft_ms=draft_ms,
+                      verify_ms=verify_ms, generated=1, forwards=0, finished=finished, bonus=root)
+    return trace, root, finished
+
+
+def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, max_new_tokens, feature_layers,
+          decoded, step, generated, forwards) -> StepTrace:
+    """Draft a tree from `root`, verify it in one target forward, keep the accepted path."""
+    dev = next(model.parameters()).device
+    t0 = time.perf_counter()
+    tree = drafter.draft(root) if drafter else root_only(root, dev)
+    tree = _fit(tree, capacity - cache.length)
+    _synchronize(dev)
+    t1 = time.perf_counter()
+    logits, feats = tree_forward(model, cache, tree, feature_layers)
+    verdict: Verdict = verify(logits, tree, sampling, generator)
+    cache.keep(verdict.path)
+    _synchronize(dev)
+    t2 = time.perf_counter()
+    path_tokens = tree.tokens[verdict.path]
+    new = path_tokens[1:].tolist() + [verdict.bonus]
+    depths = tree.depths[verdict.path][1:].tolist() + [0]
+    new, depths, finished = _clip(new, depths, stop_ids, generated, max_new_tokens)
+    if drafter and not finished:
+        drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
+    _synchronize(dev)
+    t3 = time.perf_counter()
+    return StepTrace(
+        step=step, tokens=new, token_depths=depths, text=decoded.add(new),
+        draft_ms=((t1 - t0) + (t3 - t2)) * 1e3, verify_ms=(t2 - t1) * 1e3,
+        tree=tree.to_dict(), status=verdict.status.tolist(), target_probs=verdict.target_probs.tolist(),
+        path=verdict.path.tolist(), generated=generated + len(new), forwards=forwards + 1, finished=finished,
+        bonus=verdict.bonus,
+    )
 
 
 def _fit(tree: DraftTree, room: int) -> DraftTree:

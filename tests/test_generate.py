@@ -346,3 +346,29 @@ def test_sampling_runs_are_reproducible(tiny):
         outs.append(a)
     c, _ = run(tiny, ids, max_new_tokens=24, sampling=params, seed=12, stop_ids=set())
     assert c != outs[0], "the seed must matter"
+
+
+def test_generator_can_be_resumed_on_another_thread(tiny):
+    """Gradio resumes streaming handlers on any worker thread; inference mode must not leak
+    across yields (it is per thread)."""
+    import threading
+
+    from fasteagle.generate import generate
+    from fasteagle.lookup import LookupDrafter
+
+    ids = torch.randint(4, 320, (10,))
+    want, _ = run(tiny, ids, drafter=LookupDrafter(), max_new_tokens=20)
+    it = generate(tiny, ids, drafter=LookupDrafter(), max_new_tokens=20)
+    got, errors = list(next(it).tokens), []
+
+    def rest():
+        try:
+            for tr in it:
+                got.extend(tr.tokens)
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    t = threading.Thread(target=rest)
+    t.start()
+    t.join()
+    assert not errors and got == want
