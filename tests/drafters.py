@@ -11,9 +11,23 @@ passed as `next_token`, and each `extend` starts with that root).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from fasteagle.tree import DraftTree, backbone, chain, dynamic
+
+
+def one_thread() -> Iterator[None]:
+    """Body of a module-scoped autouse fixture: run torch with one intra-op thread, then restore.
+
+    These tests run many small ops; with two threads on a 2-core machine shared with another job,
+    every op waits at a barrier for a starved thread (a 2 s module took 80 s). One thread is as fast
+    when the machine is idle and keeps the run time predictable when it is not."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 class _ProtocolDrafter:

@@ -19,7 +19,9 @@ from fasteagle.lookup import LookupDrafter
 from fasteagle.tree import DraftTree
 from fasteagle.verify import ACCEPTED, SamplingParams
 from tests.conftest import TINY_VOCAB, tiny_target
-from tests.drafters import OracleDrafter, RandomDrafter
+from tests.drafters import OracleDrafter, RandomDrafter, one_thread
+
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 MAX_NEW = 32
 

@@ -10,7 +10,10 @@ from fasteagle.kvcache import ContextOverflowError, KVCache, SlotLayer, attentio
 from fasteagle.tree import make_tree, path_tree, root_only
 from fasteagle.verify import tree_forward
 from tests.conftest import tiny_target
+from tests.drafters import one_thread
 from tests.test_tree import brute_ancestors, random_parents
+
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 TOL = 1e-5
 

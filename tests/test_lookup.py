@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fasteagle.generate import run
 from fasteagle.lookup import LookupDrafter
 from tests.conftest import TINY_VOCAB
+from tests.drafters import one_thread
+
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 
 def drafted(history: list[int], root: int, **kw):

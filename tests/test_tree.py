@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from fasteagle.tree import DraftTree, backbone, chain, dynamic, make_tree, path_tree, root_only
+from tests.drafters import one_thread
+
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 
 def random_parents(n: int, gen: torch.Generator, max_fanout_bias: float = 0.5) -> torch.Tensor:

@@ -29,7 +29,10 @@ from fasteagle.verify import (
     verify_greedy,
     verify_sampling,
 )
+from tests.drafters import one_thread
 from tests.test_tree import random_parents
+
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 VOCAB = 320
 
