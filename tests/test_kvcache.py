@@ -40,8 +40,7 @@ def prefill(model, tokens: torch.Tensor, capacity: int = 256) -> tuple[KVCache, 
 
 def plain_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """Reference: a cache-free causal forward over the whole sequence (last position's logits)."""
-    with torch.inference_mode():
-        return model(input_ids=tokens[None]).logits[0, -1].float()
+    return model(input_ids=tokens[None]).logits[0, -1].float()
 
 
 def random_tree(n: int, gen: torch.Generator):
@@ -86,8 +85,7 @@ def test_tree_forward_matches_each_path_alone(model, seed):
     prefix = torch.randint(4, 320, (int(torch.randint(1, 30, (), generator=gen)),), generator=gen)
     cache, _ = prefill(model, prefix)
     tree = random_tree(int(torch.randint(2, 24, (), generator=gen)), gen)
-    with torch.inference_mode():
-        logits, _ = tree_forward(model, cache, tree)
+    logits, _ = tree_forward(model, cache, tree)
     assert cache.length == prefix.numel() + tree.size
     for i in range(tree.size):
         path = tree.ancestors[i].nonzero().squeeze(1)
@@ -98,9 +96,8 @@ def test_tree_forward_matches_each_path_alone(model, seed):
 def test_tree_forward_features(tiny):
     cache = KVCache.for_model(tiny.model, 64)
     toks = torch.tensor([1, 5, 9, 12])
-    with torch.inference_mode():
-        _, feats = tree_forward(tiny.model, cache, path_tree(toks), feature_layers=(0, 2))
-        ref = tiny.model(input_ids=toks[None], output_hidden_states=True).hidden_states
+    _, feats = tree_forward(tiny.model, cache, path_tree(toks), feature_layers=(0, 2))
+    ref = tiny.model(input_ids=toks[None], output_hidden_states=True).hidden_states
     assert feats.shape == (4, 128)
     assert torch.allclose(feats, torch.cat([ref[0][0], ref[2][0]], -1), atol=TOL)
 
@@ -113,8 +110,7 @@ def test_keep_commits_exactly_prefix_plus_path(model, seed):
     cache, _ = prefill(model, seq)
     for _ in range(4):
         tree = random_tree(int(torch.randint(1, 30, (), generator=gen)), gen)
-        with torch.inference_mode():
-            tree_forward(model, cache, tree)
+        tree_forward(model, cache, tree)
         # accept the root-to-node path of a random node (root only, deep paths, leaves...)
         node = int(torch.randint(0, tree.size, (), generator=gen))
         path = tree.ancestors[node].nonzero().squeeze(1)
@@ -127,9 +123,8 @@ def test_keep_commits_exactly_prefix_plus_path(model, seed):
             assert torch.allclose(mine.keys[:, :, :mine.length], ref.keys[:, :, :ref.length], atol=TOL)
             assert torch.allclose(mine.values[:, :, :mine.length], ref.values[:, :, :ref.length], atol=TOL)
         nxt = root_only(int(torch.randint(4, 320, (), generator=gen)))
-        with torch.inference_mode():
-            a, _ = tree_forward(model, cache, nxt)
-            b, _ = tree_forward(model, fresh, nxt)
+        a, _ = tree_forward(model, cache, nxt)
+        b, _ = tree_forward(model, fresh, nxt)
         assert (a - b).abs().max() < TOL
         assert (a[0] - plain_logits(model, torch.cat([seq, nxt.tokens]))).abs().max() < TOL
         cache.truncate(seq.numel())  # drop the probe row again
@@ -155,7 +150,7 @@ def test_reserve_raises_before_anything_is_written(tiny):
     cache, _ = prefill(model, prefix, capacity=12)
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     big = make_tree(torch.arange(4, 12), torch.tensor([-1, 0, 1, 2, 3, 4, 5, 6]))  # 5 + 8 > 12
-    with pytest.raises(ContextOverflowError) as info, torch.inference_mode():
+    with pytest.raises(ContextOverflowError) as info:
         tree_forward(model, cache, big)
     assert isinstance(info.value, FastEagleError)
     msg = str(info.value)
@@ -166,16 +161,14 @@ def test_reserve_raises_before_anything_is_written(tiny):
     # the cache is still good: a tree that fits gives the same logits as on an untouched cache
     small = make_tree(torch.tensor([7, 8, 9]), torch.tensor([-1, 0, 0]))
     untouched, _ = prefill(model, prefix, capacity=12)
-    with torch.inference_mode():
-        a, _ = tree_forward(model, cache, small)
-        b, _ = tree_forward(model, untouched, small)
+    a, _ = tree_forward(model, cache, small)
+    b, _ = tree_forward(model, untouched, small)
     assert torch.allclose(a, b, atol=TOL)
 
 
 def test_exact_fit_is_allowed(tiny):
     cache, _ = prefill(tiny.model, torch.tensor([1, 5, 9]), capacity=6)
-    with torch.inference_mode():
-        tree_forward(tiny.model, cache, make_tree(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, 0])))
+    tree_forward(tiny.model, cache, make_tree(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, 0])))
     assert cache.length == 6
     cache.reserve(0)
     with pytest.raises(ContextOverflowError):
@@ -197,20 +190,17 @@ def test_truncate_and_reset(tiny):
     cache.truncate(4)
     assert cache.length == 4 and all(layer.length == 4 for layer in cache.layers)
     nxt = root_only(99)
-    with torch.inference_mode():
-        a, _ = tree_forward(tiny.model, cache, nxt)
+    a, _ = tree_forward(tiny.model, cache, nxt)
     assert (a[0] - plain_logits(tiny.model, torch.cat([seq[:4], nxt.tokens]))).abs().max() < TOL
     cache.truncate(100)  # never grows
     assert cache.length == 5
     cache.reset()
     assert cache.length == 0 and cache.get_seq_length() == 0
     fresh, _ = prefill(tiny.model, seq[:2], capacity=32)
-    with torch.inference_mode():
-        tree_forward(tiny.model, cache, path_tree(seq[:2]))
+    tree_forward(tiny.model, cache, path_tree(seq[:2]))
     cache.keep(torch.arange(2))
-    with torch.inference_mode():
-        a, _ = tree_forward(tiny.model, cache, nxt)
-        b, _ = tree_forward(tiny.model, fresh, nxt)
+    a, _ = tree_forward(tiny.model, cache, nxt)
+    b, _ = tree_forward(tiny.model, fresh, nxt)
     assert torch.allclose(a, b, atol=TOL)
 
 
