@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, generate
 from fasteagle.kvcache import KVCache
 from fasteagle.target import Target
@@ -276,6 +277,77 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(8, 16, 24, 
     best = max(results, key=results.get)
     drafter.tree_budget = best
     return {"budget": best, "tokens_per_s": {str(b): round(v, 2) for b, v in results.items()}}
+
+
+# Layer shapes for `draft_step_cost` (random weights: only the timing matters). EAGLE-3 drafts
+# LLaMA-3-8B over a 32k draft vocab; the default target is included to compare scales.
+SHAPES = {
+    "llama3-8b": dict(target_hidden=4096, vocab_size=128256, width=4096, intermediate=14336, num_heads=32,
+                      num_kv_heads=8, head_dim=128, rope_theta=500000.0, draft_vocab=32000),
+    "smollm2-135m": dict(target_hidden=576, vocab_size=49152, width=576, intermediate=1536, num_heads=9,
+                         num_kv_heads=3, head_dim=64, rope_theta=100000.0, draft_vocab=6144),
+}
+
+
+class _BorrowedEnds(torch.nn.Module):
+    """Stands in for a target: a drafter only borrows its embedding and LM head."""
+
+    def __init__(self, vocab: int, hidden: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+
+@torch.inference_mode()
+def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: int = 128, accepted: int = 3,
+                    reps: int = 5, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+    """Median time of one draft step -- feed `accepted` new positions, then build the ~60-node tree --
+    of the cascade (one pass through N layers) and of the EAGLE-3-style drafter (one layer, run once
+    per depth), with random weights at a model shape. The gap is the single-pass advantage."""
+    from fasteagle.drafter import CascadedDrafter, DrafterConfig
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    if isinstance(shape, str) and shape not in SHAPES:
+        raise FastEagleError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    dims = SHAPES[shape] if isinstance(shape, str) else shape
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    g = torch.Generator().manual_seed(0)
+    ends = _BorrowedEnds(dims["vocab_size"], dims["target_hidden"]).to(dev, dtype)
+    feats = torch.randn(prefix + accepted, 3 * dims["target_hidden"], generator=g).to(dev, dtype)
+    ids = torch.randint(dims["vocab_size"], (prefix + accepted + 1,), generator=g).to(dev)
+    out = {"shape": shape if isinstance(shape, str) else "custom", "device": device_name(dev), "dtype": str(dtype),
+           "prefix": prefix, "accepted": accepted, "ms": {}}
+    for depth in tqdm(depths, desc="draft step"):
+        row = {}
+        for kind, cls in (("fasteagle", CascadedDrafter), ("eagle3", AutoregressiveDrafter)):
+            cfg = DrafterConfig(target="random", feature_layers=[0, 1, 2], num_layers=depth, **dims)
+            if cls is AutoregressiveDrafter:
+                cfg = AutoregressiveDrafter.config_for(cfg, depth)
+            d = cls(cfg).to(dev, dtype).eval().attach(ends, check=False)
+            d.reset(prefix + accepted + 8)
+            d.extend(ids[:prefix], feats[:prefix], int(ids[prefix]))
+            times = []
+            for r in range(reps + 1):
+                _sync(dev)
+                t0 = time.perf_counter()
+                d.extend(ids[prefix:prefix + accepted], feats[prefix:], int(ids[prefix + accepted]))
+                d.draft(int(ids[prefix + accepted]))
+                _sync(dev)
+                if r:  # the first is warmup
+                    times.append((time.perf_counter() - t0) * 1e3)
+                d.cache.truncate(prefix)
+            row[kind] = round(statistics.median(times), 2)
+            del d
+        row["eagle3_over_fasteagle"] = round(row["eagle3"] / row["fasteagle"], 2)
+        out["ms"][str(depth)] = row
+    return out
 
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"

@@ -20,8 +20,9 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", default=None, help=f"drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name} "
-                   f"for fasteagle, {DEFAULT_EAGLE3.name} for eagle3)")
+    p.add_argument("--drafter", default=None,
+                   help=f"drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name} for fasteagle, "
+                        f"{DEFAULT_EAGLE3.name} for eagle3)")
     p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
     p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -108,6 +109,18 @@ def cmd_bench(args) -> int:
         bench.update_readme(args.update_readme.split(","), args.readme)
         print(f"updated {args.readme} from {args.update_readme}")
         return 0
+    if args.draft_step:
+        import torch
+
+        depths = tuple(int(x) for x in args.depths.split(","))
+        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                 "fp16": torch.float16, "float16": torch.float16}.get(args.dtype or "")
+        cost = bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=dtype)
+        print(json.dumps(cost, indent=2))
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(cost, indent=2))
+        return 0
     target = load_target(args.target, args.device, args.dtype)
     if args.verify_cost:
         sizes = tuple(int(x) for x in args.verify_cost.split(","))
@@ -190,13 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare decoding methods on prompt sets (tokens/s, speedup, tau, lossless)")
     b.add_argument("--prompts", default=None, help="JSON-lines prompt file(s), comma separated")
     b.add_argument("--methods", default="vanilla,hf-generate,hf-prompt-lookup,lookup,fasteagle",
-                   help="comma list of: vanilla, hf-generate, hf-prompt-lookup, lookup, fasteagle")
+                   help="comma list of: vanilla, hf-generate, hf-prompt-lookup, lookup, fasteagle, eagle3")
     b.add_argument("--limit", type=int, default=None, help="prompts per file")
     b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")
     b.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
                    help="auto: measure this device and pick the FastEagle tree budget with the best tokens/s")
     b.add_argument("--verify-cost", dest="verify_cost", default=None, metavar="SIZES",
                    help="only measure one target forward over trees of these sizes, e.g. 1,8,16,32,64")
+    b.add_argument("--draft-step", dest="draft_step", default=None, metavar="SHAPE",
+                   help="only time one draft step of FastEagle vs EAGLE-3-style at a model shape, random weights "
+                        "(llama3-8b or smollm2-135m)")
+    b.add_argument("--depths", default="4,6,8", help="draft depths for --draft-step")
     b.add_argument("--update-readme", dest="update_readme", default=None, metavar="FILES",
                    help="regenerate the README results section from these result JSON files (comma list)")
     b.add_argument("--readme", default="README.md")

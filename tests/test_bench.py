@@ -10,6 +10,7 @@ import torch
 
 from fasteagle import bench
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.errors import FastEagleError
 from fasteagle.lookup import LookupDrafter
 from fasteagle.verify import SamplingParams
 
@@ -85,3 +86,20 @@ def test_auto_tree_picks_a_measured_budget(tiny):
     choice = bench.auto_tree(tiny, d, PROMPTS[:1], budgets=(4, 8), max_new=8)
     assert choice["budget"] in (4, 8) and d.tree_budget == choice["budget"]
     assert set(choice["tokens_per_s"]) == {"4", "8"}
+
+
+TINY_SHAPE = dict(target_hidden=32, vocab_size=200, width=32, intermediate=64, num_heads=4, num_kv_heads=2,
+                  head_dim=8, rope_theta=10000.0, draft_vocab=0)
+
+
+def test_draft_step_cost_times_both_drafters_at_every_depth():
+    cost = bench.draft_step_cost(TINY_SHAPE, depths=(2, 3), prefix=8, reps=1, device="cpu")
+    assert set(cost["ms"]) == {"2", "3"}
+    for row in cost["ms"].values():
+        assert row["fasteagle"] > 0 and row["eagle3"] > 0
+        assert row["eagle3_over_fasteagle"] == pytest.approx(row["eagle3"] / row["fasteagle"], rel=0.05)
+
+
+def test_draft_step_cost_refuses_an_unknown_shape():
+    with pytest.raises(FastEagleError, match="unknown shape"):
+        bench.draft_step_cost("llama-1t")

@@ -442,8 +442,8 @@ def holdout_chat_prompts(n: int, path: str | Path | None = None) -> list[dict[st
     """`n` varied first-user prompts from the holdout split, chosen deterministically.
 
     Uses only chats that start at their beginning, keeps prompts of 20-1500 characters that look
-    like English, drops near-duplicates (same first 60 characters, ShareGPT repeats popular prompts), and orders candidates by a hash of the id
-    so the pick does not follow the file's topical clustering.
+    like English, drops near-duplicates (same first 60 characters, ShareGPT repeats popular prompts),
+    and orders candidates by a hash of the id so the pick does not follow the file's topical clustering.
     """
     candidates: dict[str, tuple[str, str]] = {}
     for conv in iter_conversations(path):
