@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--distill-minutes", dest="distill_minutes", type=float, default=None)
     t.add_argument("--distill-batch", dest="distill_batch", type=int, default=None)
     t.add_argument("--features", choices=["online", "cache"], default=None)
+    t.add_argument("--feature-dir", dest="feature_dir", default=None, help="feature shards (default: OUT/features)")
+    t.add_argument("--reuse-features", dest="reuse_features", action="store_true", default=None,
+                   help="train on the shards already in --feature-dir as they are (e.g. another drafter's run)")
     t.add_argument("--drafter", choices=["fasteagle", "eagle3"], default=None,
                    help="fasteagle: the cascade (default); eagle3: the autoregressive baseline")
     t.add_argument("--num-layers", dest="num_layers", type=int, default=None, help="cascade layers (fasteagle)")

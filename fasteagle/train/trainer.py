@@ -47,6 +47,7 @@ class TrainConfig:
     distill_only: bool = False  # stop after writing distilled.pt / holdout_distilled.pt
     features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
     feature_dir: str | None = None
+    reuse_features: bool = False  # train on the shards already in feature_dir (same data, same teacher pass)
     drafter: str = "fasteagle"  # "fasteagle" (the cascade) or "eagle3" (one layer, training-time test)
     num_layers: int = 6  # cascade layers = draft depths (fasteagle)
     depth: int = 7  # unrolled training steps = draft tree depth (eagle3)
@@ -102,17 +103,23 @@ def train(cfg: TrainConfig, target=None) -> Path:
     fdir = Path(cfg.feature_dir or out / "features")
 
     # 1. data: ShareGPT (or a saved dataset), optionally rewritten by the target itself
-    train_data = data_mod.load_token_dataset(cfg.data) if cfg.data else \
-        data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit)
-    if cfg.limit:
-        train_data = {k: v[: cfg.limit] for k, v in train_data.items()}
+    if cfg.reuse_features:  # another run's shards: the same data through the same teacher pass
+        if cfg.features != "cache" or not any(fdir.glob("shard-*.pt")):
+            raise FastEagleError(f"--reuse-features needs --features cache and shards in {fdir}")
+        train_data = None
+    else:
+        train_data = data_mod.load_token_dataset(cfg.data) if cfg.data else \
+            data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit)
+        if cfg.limit:
+            train_data = {k: v[: cfg.limit] for k, v in train_data.items()}
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
-    prompts = [p[-512:] for p in train_data["prompt_ids"]]
-    if cfg.distill and cfg.features == "cache":  # one target pass yields the replies and the features
+    prompts = [p[-512:] for p in train_data["prompt_ids"]] if train_data else []
+    # with the cache, one target pass yields both the replies and their features
+    if cfg.distill and train_data is not None and cfg.features == "cache":
         distill_features(model, tok, prompts, fdir, feature_layers, cfg.distill_max_new, cfg.distill_batch, budget,
                          topk=cfg.topk, keep_prompt=cfg.keep_prompt, seed=cfg.seed)
         train_data = None
-    elif cfg.distill:
+    elif cfg.distill and train_data is not None:
         train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget, seed=cfg.seed)
         data_mod.save_token_dataset(train_data, out / "distilled.pt")
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from fasteagle.drafter import CascadedDrafter
+from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.train.data import load_token_dataset, save_token_dataset
 from fasteagle.train.trainer import TrainConfig, lr_at, train
@@ -69,3 +71,23 @@ def test_schedule_warms_up_then_anneals_by_steps_or_time():
     assert lr_at(cfg, 100, 100, 0) < 1e-6
     timed = TrainConfig(out="x", lr=1.0, warmup=1, minutes=1.0)
     assert lr_at(timed, 5, 10**6, 60.0) < 1e-6  # out of time: annealed although few steps were taken
+
+
+def test_a_second_drafter_trains_on_the_first_runs_feature_cache(tiny, tmp_path):
+    """`reuse_features`: the EAGLE-3-style baseline trains on exactly the shards the cascade saw."""
+    save_token_dataset(self_written(tiny, 8, seed=4, new=20), tmp_path / "train.pt")
+    kw = dict(data=str(tmp_path / "train.pt"), topk=4, batch_tokens=200, warmup=2, max_steps=2, features="cache",
+              device="cpu", intermediate=64)
+    train(TrainConfig(out=str(tmp_path / "a"), num_layers=2, **kw), target=tiny)
+    shards = sorted((tmp_path / "a" / "features").glob("shard-*.pt"))
+    stamps = [p.stat().st_mtime_ns for p in shards]
+    out = train(TrainConfig(out=str(tmp_path / "b"), drafter="eagle3", depth=3, reuse_features=True,
+                            feature_dir=str(tmp_path / "a" / "features"), **(kw | {"data": None})), target=tiny)
+    assert [p.stat().st_mtime_ns for p in shards] == stamps and not (tmp_path / "b" / "features").exists()
+    assert json.loads((out / "config.json").read_text())["kind"] == "eagle3"
+
+
+def test_reuse_features_refuses_an_empty_feature_dir(tiny, tmp_path):
+    with pytest.raises(FastEagleError, match="reuse-features"):
+        train(TrainConfig(out=str(tmp_path / "b"), features="cache", reuse_features=True,
+                          feature_dir=str(tmp_path / "nothing"), device="cpu"), target=tiny)
