@@ -204,8 +204,12 @@ def result_document(target: Target, rows: dict, settings: dict) -> dict:
 def markdown_table(doc: dict) -> str:
     """One Markdown table per result document (what the README shows)."""
     s = doc["settings"]
+    budget = s.get("tree_budget")
+    if isinstance(budget, dict):  # --tree auto: one per drafter
+        budget = ", ".join(f"{k} {v}" for k, v in budget.items()) + " (auto)"
     head = (f"**{doc['device']}**, target `{doc['target']}`, {s.get('prompts_desc', '')} "
-            f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, {doc['date']}\n\n")
+            f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, tree budget {budget} nodes, "
+            f"{doc['date']}\n\n")
     lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
              "identical |", "|---|---|---|---|---|---|---|---|"]
     for name, m in doc["methods"].items():
@@ -215,6 +219,15 @@ def markdown_table(doc: dict) -> str:
         lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} | "
                      f"{f('speedup_vs_hf_generate', '{:.2f}x')} | {f('tau')} | {f('draft_ms', '{:.1f}')} | "
                      f"{f('verify_ms', '{:.1f}')} | {ident} |")
+    cats = doc.get("per_category") or {}
+    if len(cats) > 1:  # speedup and tau per prompt category
+        names = list(doc["methods"])
+        lines += ["", "| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for cat, ms in cats.items():
+            cells = [f"{ms[n]['speedup_vs_vanilla']:.2f}x, tau {ms[n]['tau']:.2f}"
+                     if ms.get(n, {}).get("speedup_vs_vanilla") is not None and ms[n].get("tau") is not None
+                     else "–" for n in names]
+            lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -268,11 +281,11 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(8, 16, 24, 
     """Measure tokens/s of the drafter at several tree budgets on a few prompts, and pick the best:
     the trade-off between acceptance (bigger trees) and verify cost (bigger forwards) is device-specific."""
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
-    time_one(target, encoded[0], "fasteagle", drafter, 16, SamplingParams(), seed)  # warmup
+    time_one(target, encoded[0], "draft", drafter, 16, SamplingParams(), seed)  # warmup
     results = {}
     for b in tqdm(budgets, desc="tree budget"):
         drafter.tree_budget = b
-        rs = [time_one(target, ids, "fasteagle", drafter, max_new, SamplingParams(), seed) for ids in encoded]
+        rs = [time_one(target, ids, "draft", drafter, max_new, SamplingParams(), seed) for ids in encoded]
         results[b] = sum(len(r["tokens"]) for r in rs) / sum(r["wall_s"] for r in rs)
     best = max(results, key=results.get)
     drafter.tree_budget = best

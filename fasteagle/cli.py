@@ -141,9 +141,12 @@ def cmd_bench(args) -> int:
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "tree_k": args.tree_k, "tree_budget": args.tree_budget, "dtype": str(target.dtype)}
-    if args.tree == "auto" and methods.get("fasteagle") is not None:
-        choice = bench.auto_tree(target, methods["fasteagle"], prompts[:3])
-        settings["tree_budget"], settings["tree_auto"] = choice["budget"], choice
+    if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
+        settings["tree_budget"], settings["tree_auto"] = {}, {}
+        for m in ("fasteagle", "eagle3"):
+            if methods.get(m) is not None:
+                choice = bench.auto_tree(target, methods[m], prompts[:3])
+                settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
     rows = bench.compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
                          args.seed)
     doc = bench.result_document(target, rows, settings)
