@@ -202,7 +202,19 @@ def result_document(target: Target, rows: dict, settings: dict) -> dict:
 
 
 def markdown_table(doc: dict) -> str:
-    """One Markdown table per result document (what the README shows)."""
+    """One Markdown table per result document (what the README shows): a method comparison, a
+    verify-cost sweep or a draft-step timing."""
+    if "relative" in doc:
+        return (f"**{doc.get('device', '?')}**: one target forward over a tree of T nodes after {doc['prefix']} "
+                f"tokens of context, against T=1 (one decode step)\n\n| T | " + " | ".join(doc["ms"]) + " |\n|---|"
+                + "---|" * len(doc["ms"]) + "\n| ms | " + " | ".join(f"{v:.1f}" for v in doc["ms"].values())
+                + " |\n| relative | " + " | ".join(f"{v:.2f}x" for v in doc["relative"].values()) + " |\n")
+    if "shape" in doc:
+        rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |\n"
+                       for d, r in doc["ms"].items())
+        return (f"**{doc['device']}**, {doc['dtype']}: one draft step ({doc['accepted']} accepted tokens fed, then "
+                f"the ~60-node tree) at the `{doc['shape']}` shape, random weights\n\n"
+                "| depth | FastEagle ms | EAGLE-3-style ms | EAGLE-3 / FastEagle |\n|---|---|---|---|\n" + rows)
     s = doc["settings"]
     budget = s.get("tree_budget")
     if isinstance(budget, dict):  # --tree auto: one per drafter

@@ -103,6 +103,14 @@ def test_draft_step_cost_times_both_drafters_at_every_depth():
         assert row["eagle3_over_fasteagle"] == pytest.approx(row["eagle3"] / row["fasteagle"], rel=0.05)
 
 
+def test_verify_cost_and_draft_step_render_as_tables(tiny):
+    cost = bench.verify_cost(tiny, sizes=(1, 4), prefix=8, reps=1)
+    table = bench.markdown_table(cost | {"device": "cpu"})
+    assert "| relative | 1.00x | " in table and table.count("\n|") == 4  # header, rule, ms, relative
+    step = bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu")
+    assert "| 2 | " in bench.markdown_table(step) and "EAGLE-3 / FastEagle" in bench.markdown_table(step)
+
+
 def test_draft_step_cost_refuses_an_unknown_shape():
     with pytest.raises(FastEagleError, match="unknown shape"):
         bench.draft_step_cost("llama-1t")
