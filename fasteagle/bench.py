@@ -236,9 +236,8 @@ def markdown_table(doc: dict) -> str:
         names = list(doc["methods"])
         lines += ["", "| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
         for cat, ms in cats.items():
-            cells = [f"{ms[n]['speedup_vs_vanilla']:.2f}x, tau {ms[n]['tau']:.2f}"
-                     if ms.get(n, {}).get("speedup_vs_vanilla") is not None and ms[n].get("tau") is not None
-                     else "–" for n in names]
+            cells = [f"{ms[n]['speedup_vs_vanilla']:.2f}x" + (f", tau {ms[n]['tau']:.2f}" if "tau" in ms[n] else "")
+                     if ms.get(n, {}).get("speedup_vs_vanilla") is not None else "–" for n in names]
             lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
