@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, generate
 from fasteagle.kvcache import KVCache
-from fasteagle.target import Target
+from fasteagle.target import Target, default_device, parse_dtype
 from fasteagle.tree import chain, path_tree
 from fasteagle.verify import SamplingParams, tree_forward
 
@@ -330,7 +330,7 @@ class _BorrowedEnds(torch.nn.Module):
 
 @torch.inference_mode()
 def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: int = 128, accepted: int = 3,
-                    reps: int = 5, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> dict:
+                    reps: int = 5, device: str | torch.device | None = None, dtype: str | None = None) -> dict:
     """Median time of one draft step -- feed `accepted` new positions, then build the ~60-node tree --
     of the cascade (one pass through N layers) and of the EAGLE-3-style drafter (one layer, run once
     per depth), with random weights at a model shape. The gap is the single-pass advantage."""
@@ -340,8 +340,8 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
     if isinstance(shape, str) and shape not in SHAPES:
         raise FastEagleError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
     dims = SHAPES[shape] if isinstance(shape, str) else shape
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    dev = torch.device(device) if device else default_device()
+    dtype = parse_dtype(dtype, dev)
     g = torch.Generator().manual_seed(0)
     ends = _BorrowedEnds(dims["vocab_size"], dims["target_hidden"]).to(dev, dtype)
     feats = torch.randn(prefix + accepted, 3 * dims["target_hidden"], generator=g).to(dev, dtype)

@@ -100,6 +100,15 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _report(doc: dict, out: str | None) -> int:
+    """Print a one-off measurement and keep it as JSON."""
+    print(json.dumps(doc, indent=2))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
 def cmd_bench(args) -> int:
     from fasteagle import bench
     from fasteagle.target import load_target
@@ -110,26 +119,12 @@ def cmd_bench(args) -> int:
         print(f"updated {args.readme} from {args.update_readme}")
         return 0
     if args.draft_step:
-        import torch
-
         depths = tuple(int(x) for x in args.depths.split(","))
-        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                 "fp16": torch.float16, "float16": torch.float16}.get(args.dtype or "")
-        cost = bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=dtype)
-        print(json.dumps(cost, indent=2))
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(cost, indent=2))
-        return 0
+        return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype), args.out)
     target = load_target(args.target, args.device, args.dtype)
     if args.verify_cost:
         sizes = tuple(int(x) for x in args.verify_cost.split(","))
-        cost = bench.verify_cost(target, sizes)
-        cost["device"] = bench.device_name(target.device)
-        print(json.dumps(cost, indent=2))
-        if args.out:
-            Path(args.out).write_text(json.dumps(cost, indent=2))
-        return 0
+        return _report(bench.verify_cost(target, sizes) | {"device": bench.device_name(target.device)}, args.out)
     if not args.prompts:
         raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -213,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, default=None, help="prompts per file")
     b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")
     b.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
-                   help="auto: measure this device and pick the FastEagle tree budget with the best tokens/s")
+                   help="auto: measure this device and give each trained drafter its best tree budget (tokens/s)")
     b.add_argument("--verify-cost", dest="verify_cost", default=None, metavar="SIZES",
                    help="only measure one target forward over trees of these sizes, e.g. 1,8,16,32,64")
     b.add_argument("--draft-step", dest="draft_step", default=None, metavar="SHAPE",
