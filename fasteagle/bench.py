@@ -380,7 +380,8 @@ README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 def update_readme(result_files: list[str | Path], readme: str | Path = "README.md") -> None:
     """Regenerate the README's results section from committed result files (never typed by hand)."""
     docs = [json.loads(Path(f).read_text()) for f in sorted(result_files)]
-    body = "\n".join(f"{markdown_table(d)}\n<sub>from `{Path(f).as_posix()}`</sub>\n"
+    body = "\n".join(f"{markdown_table(d)}\n<sub>from `{Path(f).as_posix()}`"
+                     + (f", made by `{d['command']}`" if d.get("command") else "") + "</sub>\n"
                      for d, f in zip(docs, sorted(result_files)))
     text = Path(readme).read_text()
     if README_START not in text or README_END not in text:

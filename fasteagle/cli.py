@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -100,8 +101,14 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _command() -> str:
+    """The command line that produced a result, stored in it (the README cites it)."""
+    return "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
 def _report(doc: dict, out: str | None) -> int:
     """Print a one-off measurement and keep it as JSON."""
+    doc["command"] = _command()
     print(json.dumps(doc, indent=2))
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -144,7 +151,7 @@ def cmd_bench(args) -> int:
                 settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
     rows = bench.compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
                          args.seed)
-    doc = bench.result_document(target, rows, settings)
+    doc = bench.result_document(target, rows, settings) | {"command": _command()}
     table = bench.markdown_table(doc)
     print(table)
     if args.out:

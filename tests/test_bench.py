@@ -67,7 +67,7 @@ def test_markdown_charts_and_readme(doc, tmp_path):
     cat_rows = [line for line in table.splitlines() if line.startswith(("| chat |", "| code |"))]
     assert len(cat_rows) == 2 and all(row.count("|") == len(doc["methods"]) + 2 for row in cat_rows)
     out = tmp_path / "r.json"
-    out.write_text(json.dumps(doc))
+    out.write_text(json.dumps(doc | {"command": "python -m fasteagle bench --limit 1"}))
     bench.charts(doc, tmp_path / "r.html")
     assert "plotly" in (tmp_path / "r.html").read_text().lower()
     readme = tmp_path / "README.md"
@@ -75,6 +75,7 @@ def test_markdown_charts_and_readme(doc, tmp_path):
     bench.update_readme([out], readme)
     text = readme.read_text()
     assert "old" not in text and "| lookup |" in text and text.startswith("top") and text.endswith("bottom\n")
+    assert "made by `python -m fasteagle bench --limit 1`" in text  # each table cites its command
 
 
 def test_verify_cost_reports_every_size(tiny):
