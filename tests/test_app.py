@@ -100,7 +100,7 @@ def check_complete_run(res: dict, max_new: int) -> dict:
 # -- tiny target: fast ------------------------------------------------------------------------------
 @pytest.fixture
 def tiny_app(tiny, tmp_path):
-    return app.build_app(tiny, drafter_dir=tmp_path / "no-drafter")
+    return app.build_app(tiny, drafter_dir=tmp_path / "no-drafter", eagle3_dir=tmp_path / "no-eagle3")
 
 
 def test_bad_inputs_warn_and_the_app_keeps_working(tiny_app, warnings):
@@ -142,11 +142,11 @@ def test_a_failure_mid_decode_warns_and_the_next_run_works(tiny_app, warnings, m
 
 
 def test_missing_drafter_is_explained(tiny, tmp_path):
-    engine = app.Engine(tiny, tmp_path / "nothing-here")
+    engine = app.Engine(tiny, tmp_path / "nothing-here", tmp_path / "nor-here")
     assert [m.label for m in engine.available] == ["lookup"]
     with pytest.raises(app.FastEagleError, match="no FastEagle drafter"):
         engine.method("FastEagle")
-    demo = app.build_app(tiny, drafter_dir=tmp_path / "nothing-here")
+    demo = app.build_app(tiny, drafter_dir=tmp_path / "nothing-here", eagle3_dir=tmp_path / "nor-here")
     warning = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "drafter-warning"]
     assert warning and "python -m fasteagle train" in warning[0].value
 
