@@ -33,8 +33,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 import viz  # noqa: E402
-from fasteagle import cli  # noqa: E402
-from fasteagle.cli import DEFAULT_DRAFTER, make_drafter  # noqa: E402
+from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, make_drafter  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, generate  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
@@ -54,7 +53,7 @@ MAX_PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS = 256
 FRAME_S = 0.12  # at most one tree figure per this many seconds while streaming (the last step always)
 ANIMATE_S = 6.0  # precomputed runs replay in about this long per side
-EAGLE3_DRAFTER = getattr(cli, "DEFAULT_EAGLE3", ROOT / "assets" / "drafters" / "smollm2-135m-eagle3")
+EAGLE3_DRAFTER = DEFAULT_EAGLE3
 
 EXPLAINER = """
 **Speculative decoding** makes a big *target* model emit several tokens per forward pass, with

@@ -97,7 +97,7 @@ def cmd_train(args) -> int:
         v = getattr(args, k, None)
         if v is not None and k != "out":
             setattr(cfg, k, v)
-    train(cfg)
+    train(cfg, command=_command())
     return 0
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,8 +72,9 @@ class TrainConfig:
     eval_initial: bool = True  # also evaluate the untrained drafter, to show what training bought
 
 
-def train(cfg: TrainConfig, target=None) -> Path:
-    """The whole pipeline; `target` (a loaded `Target`) overrides `cfg.target` (tests pass a tiny one)."""
+def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
+    """The whole pipeline; `target` (a loaded `Target`) overrides `cfg.target` (tests pass a tiny one);
+    `command`, the command line that ran it, goes into the model card."""
     from accelerate import Accelerator
 
     from fasteagle.target import load_target
@@ -233,8 +232,7 @@ def train(cfg: TrainConfig, target=None) -> Path:
                                              "device": torch.cuda.get_device_name() if accel.device.type == "cuda"
                                              else "cpu"},
                 "holdout": metrics, "holdout_initial": initial}
-        info["training"]["command"] = "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:]) \
-            if Path(sys.argv[0]).parent.name == "fasteagle" else None
+        info["training"]["command"] = command
         raw.save(out, extra=info, shard_mb=cfg.shard_mb)
         (out / "README.md").write_text(model_card(raw, info))
         (out / "history.json").write_text(json.dumps(history))

@@ -82,9 +82,11 @@ def test_a_second_drafter_trains_on_the_first_runs_feature_cache(tiny, tmp_path)
     shards = sorted((tmp_path / "a" / "features").glob("shard-*.pt"))
     stamps = [p.stat().st_mtime_ns for p in shards]
     out = train(TrainConfig(out=str(tmp_path / "b"), drafter="eagle3", depth=3, reuse_features=True,
-                            feature_dir=str(tmp_path / "a" / "features"), **(kw | {"data": None})), target=tiny)
+                            feature_dir=str(tmp_path / "a" / "features"), **(kw | {"data": None})), target=tiny,
+                command="python -m fasteagle train --drafter eagle3 --reuse-features")
     assert [p.stat().st_mtime_ns for p in shards] == stamps and not (tmp_path / "b" / "features").exists()
     assert json.loads((out / "config.json").read_text())["kind"] == "eagle3"
+    assert "python -m fasteagle train --drafter eagle3 --reuse-features" in (out / "README.md").read_text()
 
 
 def test_reuse_features_refuses_an_empty_feature_dir(tiny, tmp_path):
