@@ -183,7 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--holdout-data", dest="holdout_data", default=None)
     t.add_argument("--distill", action="store_true", default=None, help="regenerate replies with the target")
     t.add_argument("--distill-only", dest="distill_only", action="store_true", default=None,
-                   help="write the distilled datasets and stop (train later with --data)")
+                   help="write the data (distilled datasets, feature shards) and stop; train later")
+    t.add_argument("--english-only", dest="english_only", action="store_true", default=None,
+                   help="skip ShareGPT conversations whose first prompt is not English")
+    t.add_argument("--max-len", dest="max_len", type=int, default=None, help="tokens kept per conversation")
     t.add_argument("--distill-max-new", dest="distill_max_new", type=int, default=None)
     t.add_argument("--eval-sequences", dest="eval_sequences", type=int, default=None)
     t.add_argument("--warmup", type=int, default=None)
@@ -195,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--feature-dir", dest="feature_dir", default=None, help="feature shards (default: OUT/features)")
     t.add_argument("--reuse-features", dest="reuse_features", action="store_true", default=None,
                    help="train on the shards already in --feature-dir as they are (e.g. another drafter's run)")
+    t.add_argument("--add-features", dest="extra_features", action="append", default=None, metavar="DIR",
+                   help="also train on the feature shards in DIR (repeatable), e.g. raw ShareGPT beside distilled")
+    t.add_argument("--init-from", dest="init_from", default=None, metavar="DRAFTER",
+                   help="continue training a saved drafter (its architecture and draft vocab are kept)")
+    t.add_argument("--micro-batch", dest="micro_batch", type=int, default=None,
+                   help="sequences per optimizer step, cut from each cached shard (0: one shard per step)")
     t.add_argument("--drafter", choices=["fasteagle", "eagle3"], default=None,
                    help="fasteagle: the cascade (default); eagle3: the autoregressive baseline")
     t.add_argument("--num-layers", dest="num_layers", type=int, default=None, help="cascade layers (fasteagle)")

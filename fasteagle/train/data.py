@@ -284,13 +284,16 @@ def build_token_dataset(
     limit: int | None = None,
     min_assistant_tokens: int = 8,
     path: str | Path | None = None,
+    english_only: bool = False,
 ) -> dict[str, list]:
     """Tokenise the conversations of one split of ShareGPT (default file) for drafter training.
 
     Returns {"input_ids", "loss_mask", "prompt_ids", "ids"}: parallel lists, one entry per kept
     conversation. A conversation is skipped when fewer than `min_assistant_tokens` reply tokens
     survive truncation (nothing to learn), or when its first user prompt alone is `max_len` tokens
-    or longer (no room for a regenerated reply). `limit` caps the number kept.
+    or longer (no room for a regenerated reply), or with `english_only` when its first user prompt
+    is in another script or language (a small English target says little worth learning there).
+    `limit` caps the number kept.
     """
     data: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
     with tqdm(desc=f"tokenize {split}", unit="conv", total=limit) as bar:
@@ -298,6 +301,8 @@ def build_token_dataset(
             if limit is not None and len(data["ids"]) >= limit:
                 break
             if not in_split(conv.id, split):
+                continue
+            if english_only and not _looks_english(first_user_prompt(conv), min_ascii_letter_share=0.3):
                 continue
             prompt_ids = build_prompt_ids(tokenizer, first_user_prompt(conv))
             if len(prompt_ids) >= max_len:

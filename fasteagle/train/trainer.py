@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
 from fasteagle.train.teacher import (
     Batch,
@@ -23,9 +23,10 @@ from fasteagle.train.teacher import (
     distill_features,
     length_batches,
     load_shard,
+    micro_batches,
     pad_batch,
     self_distill,
-    shard_token_counts,
+    shard_stats,
     teach,
 )
 
@@ -38,14 +39,17 @@ class TrainConfig:
     holdout_data: str | None = None
     max_len: int = 1024
     limit: int | None = None  # use at most this many training conversations
+    english_only: bool = False  # skip ShareGPT conversations whose first prompt is not English
     distill: bool = False  # regenerate replies with the target first
     distill_max_new: int = 256
     distill_batch: int = 128
     distill_minutes: float | None = None
-    distill_only: bool = False  # stop after writing distilled.pt / holdout_distilled.pt
+    distill_only: bool = False  # stop once the data is written (distilled.pt, holdout_distilled.pt, shards)
     features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
     feature_dir: str | None = None
     reuse_features: bool = False  # train on the shards already in feature_dir (same data, same teacher pass)
+    extra_features: list[str] = field(default_factory=list)  # more shard dirs to train on (e.g. raw ShareGPT)
+    init_from: str | None = None  # continue from a trained drafter directory (weights and draft vocab)
     drafter: str = "fasteagle"  # "fasteagle" (the cascade) or "eagle3" (one layer, training-time test)
     num_layers: int = 6  # cascade layers = draft depths (fasteagle)
     depth: int = 7  # unrolled training steps = draft tree depth (eagle3)
@@ -59,6 +63,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip: float = 0.5
     batch_tokens: int = 8192
+    micro_batch: int = 0  # >0: sequences per optimizer step, cut from each cached shard
     epochs: float = 1.0
     max_steps: int | None = None
     minutes: float | None = None  # stop training after this wall time
@@ -108,7 +113,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         train_data = None
     else:
         train_data = data_mod.load_token_dataset(cfg.data) if cfg.data else \
-            data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit)
+            data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
+                                         english_only=cfg.english_only)
         if cfg.limit:
             train_data = {k: v[: cfg.limit] for k, v in train_data.items()}
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
@@ -132,39 +138,58 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             data_mod.save_token_dataset(holdout, holdout_file)
     if cfg.features == "cache" and train_data is not None:
         cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
-    shards = sorted(fdir.glob("shard-*.pt")) if cfg.features == "cache" else []
+    dirs = [fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
+    for d in dirs[1:]:
+        if not any(d.glob("shard-*.pt")):
+            raise FastEagleError(f"no feature shards in {d} (extra_features)")
+    shards = [s for d in dirs for s in sorted(d.glob("shard-*.pt"))]
     if cfg.distill_only:
         accel.print(f"distilled data written to {out} ({len(shards)} feature shards)")
         return out
 
-    # 2. drafter, started from the target's top layers, with a draft vocab from reply frequencies
-    drafter = drafter_cls(dcfg).attach(model)
-    if cfg.init_from_target:
-        drafter.init_from_target(model)
+    # 2. drafter: a trained one to continue, or started from the target's top layers, with a draft
+    #    vocab from reply frequencies
+    rows_per_shard, tokens_per_dir = [], {}
     if shards:
-        counts = shard_token_counts(shards, dcfg.vocab_size)
+        counts = torch.zeros(dcfg.vocab_size, dtype=torch.long)
+        for d in dirs:
+            c, rows = shard_stats(sorted(d.glob("shard-*.pt")), dcfg.vocab_size)
+            counts, rows_per_shard = counts + c, rows_per_shard + rows
+            tokens_per_dir[str(d)] = int(c.sum())
     else:
         counts = torch.bincount(torch.tensor([t for ids, m in zip(train_data["input_ids"], train_data["loss_mask"])
                                               for t, keep in zip(ids, m) if keep]), minlength=dcfg.vocab_size)
     n_tokens = int(counts.sum())
-    if cfg.draft_vocab:
-        drafter.set_vocab(counts)
+    if cfg.init_from:
+        drafter = load_drafter(cfg.init_from).attach(model)
+        if drafter.cfg.kind != dcfg.kind:
+            raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
+        accel.print(f"continuing from {cfg.init_from} ({drafter.info.get('training', {}).get('steps', '?')} steps)")
+    else:
+        drafter = drafter_cls(dcfg).attach(model)
+        if cfg.init_from_target:
+            drafter.init_from_target(model)
+        if cfg.draft_vocab:
+            drafter.set_vocab(counts)
+    if drafter.cfg.draft_vocab:
         accel.print(f"draft vocab covers {float(counts[drafter.vocab_ids.cpu()].sum() / max(1, n_tokens)):.1%} "
                     "of reply tokens")
     accel.print(f"training on {n_tokens} reply tokens")
 
     # 3. batches: online teacher, or the fp16 shards computed once
     if shards:
-        n_batches = len(shards)
+        n_batches = sum(math.ceil(r / cfg.micro_batch) for r in rows_per_shard) if cfg.micro_batch else len(shards)
     else:
         groups = length_batches([len(s) for s in train_data["input_ids"]], cfg.batch_tokens, shuffle_seed=cfg.seed)
         n_batches = len(groups)
 
     def batches(epoch: int):
-        order = torch.randperm(n_batches, generator=torch.Generator().manual_seed(cfg.seed + epoch)).tolist()
+        g = torch.Generator().manual_seed(cfg.seed + epoch)
+        order = torch.randperm(len(shards) if shards else n_batches, generator=g).tolist()
         for b in order:
             if shards:
-                yield load_shard(shards[b]).to(accel.device)
+                for micro in micro_batches(load_shard(shards[b]), cfg.micro_batch, g):
+                    yield micro.to(accel.device)
                 continue
             idx = groups[b]
             ids, mask = pad_batch([train_data["input_ids"][i][: cfg.max_len] for i in idx],
@@ -227,7 +252,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         accel.print(json.dumps(metrics, indent=1))
     if accel.is_main_process:
         info = {"training": asdict(cfg) | {"steps": step, "epochs_done": step / n_batches,
-                                             "train_tokens": n_tokens, "train_minutes": round(train_minutes, 2),
+                                             "train_tokens": n_tokens, "tokens_per_feature_dir": tokens_per_dir,
+                                             "train_minutes": round(train_minutes, 2),
                                              "total_minutes": round((time.monotonic() - t_start) / 60, 2),
                                              "device": torch.cuda.get_device_name() if accel.device.type == "cuda"
                                              else "cpu"},
@@ -243,7 +269,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
 def model_card(drafter: CascadedDrafter, info: dict) -> str:
     """A short model card written next to the weights from what the run measured."""
     t, h, h0 = info["training"], info.get("holdout") or {}, info.get("holdout_initial") or {}
-    c = drafter.cfg
+    c, per_dir = drafter.cfg, t.get("tokens_per_feature_dir") or {}
     shape = (f"{c.num_layers} cascaded decoder layers" if c.kind == "fasteagle"
              else f"1 decoder layer unrolled {c.depth} times (training-time test)")
     lines = [
@@ -252,8 +278,12 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
         f"{c.feature_layers}, draft vocab {c.draft_vocab or c.vocab_size} tokens, loss decay {c.loss_decay}",
         f"- data: {'self-distilled' if t.get('distill') else 'ShareGPT'} replies, {t['train_tokens']} training "
         f"(reply) tokens; holdout: {h.get('positions', 0)} positions of the ShareGPT holdout split",
+        *(["- feature shards: " + ", ".join(f"`{d}` ({n} reply tokens)" for d, n in per_dir.items())]
+          if len(per_dir) > 1 else []),
+        *([f"- continued from `{t['init_from']}`"] if t.get("init_from") else []),
         f"- training: {t['steps']} steps ({t['epochs_done']:.2f} epochs), lr {t['lr']}, "
-        f"batch {t['batch_tokens']} tokens (feature shards of {t['distill_batch']} sequences when distilled)",
+        + (f"micro-batches of {t['micro_batch']} sequences" if t.get("micro_batch") else
+           f"batch {t['batch_tokens']} tokens (feature shards of {t['distill_batch']} sequences when distilled)"),
         f"- hardware: {t['device']}; wall time {t['total_minutes']} min in all, {t['train_minutes']} min training",
         "", "## Holdout acceptance (teacher-forced, greedy self-distilled replies)", "",
         "| depth | " + " | ".join(str(i + 1) for i in range(len(h.get("depth_top1_given_spine", [])))) + " |",

@@ -206,6 +206,13 @@ def test_build_token_dataset_splits_and_roundtrip(tok, tmp_path: Path) -> None:
     assert all(len(x) <= 64 for x in train["input_ids"])
     assert train["prompt_ids"][0] == D.build_prompt_ids(tok, "question 0")
 
+    fox = "the quick brown fox jumps over the lazy dog"
+    records[10] = _rec("10", ("human", "서울의 날씨는 어떤가요? 내일 비가 오나요?"), ("gpt", fox))
+    records[11] = _rec("11", ("human", "x = [i ** 2 for i in y]"), ("gpt", fox))
+    _write_truncated(path, records)
+    english = D.build_token_dataset(tok, "train", max_len=64, path=path, english_only=True)["ids"]
+    assert "10" not in english and "11" in english and len(english) == 95  # code counts as English
+
     out = tmp_path / "sub" / "train.pt"
     D.save_token_dataset(train, out)
     assert D.load_token_dataset(out) == train

@@ -12,6 +12,7 @@ from fasteagle.drafter import CascadedDrafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.train.data import load_token_dataset, save_token_dataset
+from fasteagle.train.teacher import Batch, micro_batches
 from fasteagle.train.trainer import TrainConfig, lr_at, train
 from tests.conftest import TINY_VOCAB
 
@@ -93,3 +94,46 @@ def test_reuse_features_refuses_an_empty_feature_dir(tiny, tmp_path):
     with pytest.raises(FastEagleError, match="reuse-features"):
         train(TrainConfig(out=str(tmp_path / "b"), features="cache", reuse_features=True,
                           feature_dir=str(tmp_path / "nothing"), device="cpu"), target=tiny)
+
+
+def test_micro_batches_cover_every_row_once_and_trim_the_padding():
+    L = 12
+    mask = torch.zeros(5, L)
+    for r, end in enumerate((4, 9, 6, 12, 3)):
+        mask[r, 2:end] = 1
+    b = Batch(torch.arange(5)[:, None].expand(5, L).clone(), mask, torch.randn(5, L, 6),
+              torch.zeros(5, L, 2, dtype=torch.int32), torch.ones(5, L, 2))
+    parts = micro_batches(b, 2, torch.Generator().manual_seed(0))
+    assert [p.input_ids.shape[0] for p in parts] == [2, 2, 1]
+    assert sorted(int(r) for p in parts for r in p.input_ids[:, 0]) == [0, 1, 2, 3, 4]
+    for p in parts:
+        ends = {0: 4, 1: 9, 2: 6, 3: 12, 4: 3}
+        assert p.input_ids.shape[1] == max(ends[int(r)] for r in p.input_ids[:, 0])  # cut after the last counted
+        assert p.feats.shape[:2] == p.loss_mask.shape == p.teacher_probs.shape[:2]
+        assert float(p.loss_mask.sum()) == sum(ends[int(r)] - 2 for r in p.input_ids[:, 0])
+    assert micro_batches(b, 0) == [b] and micro_batches(b, 5) == [b]
+
+
+def test_continue_a_drafter_on_extra_shards_in_micro_batches(tiny, tmp_path):
+    """`init_from` starts from a trained drafter (same weights and vocab), `extra_features` adds
+    another run's shards, and `micro_batch` turns each shard into several optimizer steps."""
+    kw = dict(topk=4, batch_tokens=200, warmup=2, features="cache", device="cpu", intermediate=64, num_layers=2)
+    for name, seed in (("a", 5), ("b", 6)):
+        save_token_dataset(self_written(tiny, 6, seed=seed, new=20), tmp_path / f"{name}.pt")
+        train(TrainConfig(out=str(tmp_path / name), data=str(tmp_path / f"{name}.pt"), max_steps=2, **kw),
+              target=tiny)
+    first = CascadedDrafter.load(tmp_path / "a", tiny.model)
+    n_shards = sum(len(list((tmp_path / d / "features").glob("shard-*.pt"))) for d in "ab")
+    out = train(TrainConfig(out=str(tmp_path / "c"), reuse_features=True, feature_dir=str(tmp_path / "a" / "features"),
+                            extra_features=[str(tmp_path / "b" / "features")], init_from=str(tmp_path / "a"),
+                            micro_batch=1, epochs=1.0, lr=0.0, **kw), target=tiny)
+    info = CascadedDrafter.load(out, tiny.model).info["training"]
+    assert info["steps"] == 12 > n_shards  # one step per sequence: 6 + 6
+    assert set(info["tokens_per_feature_dir"]) == {str(tmp_path / d / "features") for d in "ab"}
+    assert info["train_tokens"] == sum(info["tokens_per_feature_dir"].values())
+    again = CascadedDrafter.load(out, tiny.model)
+    for (k, v), w in zip(first.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(v, w), k  # lr 0: continued from exactly the first drafter's weights
+    with pytest.raises(FastEagleError, match="no feature shards"):
+        train(TrainConfig(out=str(tmp_path / "d"), reuse_features=True, feature_dir=str(tmp_path / "a" / "features"),
+                          extra_features=[str(tmp_path / "none")], **kw), target=tiny)
