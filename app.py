@@ -267,9 +267,9 @@ class Engine:
             return LookupDrafter()
         key = (m.key, str(m.drafter_dir))
         if key not in self._drafters:
-            args = SimpleNamespace(drafter=str(m.drafter_dir), tree_k=req.tree_k, tree_budget=req.tree_budget)
+            args = SimpleNamespace(tree_k=req.tree_k, tree_budget=req.tree_budget)
             try:
-                self._drafters[key] = make_drafter(m.key, self.target, args)
+                self._drafters[key] = make_drafter(m.key, self.target, args, path=m.drafter_dir)
             except FastEagleError:
                 raise
             except Exception as exc:  # a corrupt or incompatible checkpoint: one line, not a traceback

@@ -188,6 +188,15 @@ def device_name(dev: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def drafter_summary(drafter) -> dict:
+    """Which trained drafter a result measured: its directory and what its training cost."""
+    t, h = drafter.info.get("training") or {}, drafter.info.get("holdout") or {}
+    return {"path": getattr(drafter, "path", None), "steps": t.get("steps_all", t.get("steps")),
+            "train_minutes": t.get("train_minutes_all", t.get("train_minutes")),
+            "train_tokens": t.get("train_tokens"), "device": t.get("device"),
+            "holdout_tau_backbone": h.get("tau_backbone")}
+
+
 def result_document(target: Target, rows: dict, settings: dict) -> dict:
     """The JSON written by `bench`: overall and per-category summaries plus the per-prompt rows."""
     sampling = SamplingParams(settings.get("temperature", 0.0), settings.get("top_p", 1.0))
@@ -221,7 +230,8 @@ def markdown_table(doc: dict) -> str:
         budget = ", ".join(f"{k} {v}" for k, v in budget.items()) + " (auto)"
     head = (f"**{doc['device']}**, target `{doc['target']}`, {s.get('prompts_desc', '')} "
             f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, tree budget {budget} nodes, "
-            f"{doc['date']}\n\n")
+            f"{doc['date']}" + "".join(f"; {m} drafter `{d['path']}` ({d['steps']} steps, {d['train_minutes']} min)"
+                                        for m, d in (s.get("drafters") or {}).items()) + "\n\n")
     lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
              "identical |", "|---|---|---|---|---|---|---|---|"]
     for name, m in doc["methods"].items():

@@ -22,8 +22,9 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None,
-                   help=f"drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name} for fasteagle, "
-                        f"{DEFAULT_EAGLE3.name} for eagle3)")
+                   help=f"FastEagle drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name})")
+    p.add_argument("--eagle3-drafter", dest="eagle3_drafter", default=None,
+                   help=f"EAGLE-3-style drafter directory (default: assets/drafters/{DEFAULT_EAGLE3.name})")
     p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
     p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -32,8 +33,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def make_drafter(method: str, target, args):
-    """The drafter object for a method name (None for vanilla)."""
+def make_drafter(method: str, target, args, path: str | Path | None = None):
+    """The drafter object for a method name (None for vanilla); `path` overrides the directory that
+    `args` (--drafter / --eagle3-drafter) or the default gives."""
     if method == "vanilla":
         return None
     if method == "lookup":
@@ -46,7 +48,7 @@ def make_drafter(method: str, target, args):
 
         cls = CascadedDrafter if method == "fasteagle" else AutoregressiveDrafter
         default = DEFAULT_DRAFTER if method == "fasteagle" else DEFAULT_EAGLE3
-        path = Path(args.drafter) if getattr(args, "drafter", None) else default
+        path = path or getattr(args, "drafter" if method == "fasteagle" else "eagle3_drafter", None) or default
         d = cls.load(path, target.model)
         ks = [int(x) for x in str(args.tree_k).split(",")]
         d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
@@ -142,7 +144,8 @@ def cmd_bench(args) -> int:
     prompts = [p for f in files for p in bench.load_prompts(f, args.limit)]
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
-                "tree_k": args.tree_k, "tree_budget": args.tree_budget, "dtype": str(target.dtype)}
+                "tree_k": args.tree_k, "tree_budget": args.tree_budget, "dtype": str(target.dtype),
+                "drafters": {m: bench.drafter_summary(d) for m, d in methods.items() if hasattr(d, "info")}}
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}
         for m in ("fasteagle", "eagle3"):

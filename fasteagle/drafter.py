@@ -317,7 +317,7 @@ class CascadedDrafter(nn.Module):
         drafter = cls(cfg)
         state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in load_file(f).items()}
         drafter.load_state_dict(state)
-        drafter.info = raw
+        drafter.info, drafter.path = raw, str(path)
         if target_model is not None:
             drafter.attach(target_model)
             p = next(target_model.parameters())

@@ -115,3 +115,29 @@ def test_verify_cost_and_draft_step_render_as_tables(tiny):
 def test_draft_step_cost_refuses_an_unknown_shape():
     with pytest.raises(FastEagleError, match="unknown shape"):
         bench.draft_step_cost("llama-1t")
+
+
+def test_results_name_the_drafters_they_measured(tiny, tmp_path):
+    """A result says which trained drafter it timed, so a retrained drafter never hides behind old numbers."""
+    from types import SimpleNamespace
+
+    from fasteagle.cli import make_drafter
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    fe = CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=2, intermediate=64))
+    fe.save(tmp_path / "fe", extra={"training": {"steps": 7, "steps_all": 30, "train_minutes": 1.5,
+                                                 "train_minutes_all": 4.0}, "holdout": {"tau_backbone": 1.9}})
+    e3_cfg = AutoregressiveDrafter.config_for(DrafterConfig.for_target(tiny.model, tiny.name, intermediate=64), 3)
+    AutoregressiveDrafter(e3_cfg).save(tmp_path / "e3", extra={"training": {"steps": 5, "train_minutes": 2.0}})
+    args = SimpleNamespace(drafter=str(tmp_path / "fe"), eagle3_drafter=str(tmp_path / "e3"), tree_k="4",
+                           tree_budget=8)
+    methods = {"vanilla": None, "fasteagle": make_drafter("fasteagle", tiny, args),
+               "eagle3": make_drafter("eagle3", tiny, args)}  # each method reads its own directory
+    drafters = {m: bench.drafter_summary(d) for m, d in methods.items() if d is not None}
+    assert drafters["fasteagle"]["path"] == str(tmp_path / "fe") and drafters["fasteagle"]["steps"] == 30
+    assert drafters["fasteagle"]["train_minutes"] == 4.0 and drafters["fasteagle"]["holdout_tau_backbone"] == 1.9
+    assert drafters["eagle3"]["path"] == str(tmp_path / "e3") and drafters["eagle3"]["steps"] == 5
+    rows = bench.compare(tiny, methods, PROMPTS[:1], max_new=6)
+    doc = bench.result_document(tiny, rows, {"max_new_tokens": 6, "temperature": 0.0, "drafters": drafters})
+    head = bench.markdown_table(doc).splitlines()[0]
+    assert f"fasteagle drafter `{tmp_path / 'fe'}` (30 steps, 4.0 min)" in head and "eagle3 drafter" in head

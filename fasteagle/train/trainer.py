@@ -160,8 +160,12 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         counts = torch.bincount(torch.tensor([t for ids, m in zip(train_data["input_ids"], train_data["loss_mask"])
                                               for t, keep in zip(ids, m) if keep]), minlength=dcfg.vocab_size)
     n_tokens = int(counts.sum())
+    before = {"steps_all": 0, "train_minutes_all": 0.0}  # what the drafter we continue had already had
     if cfg.init_from:
         drafter = load_drafter(cfg.init_from).attach(model)
+        t0 = drafter.info.get("training") or {}
+        before = {"steps_all": t0.get("steps_all", t0.get("steps", 0)),
+                  "train_minutes_all": t0.get("train_minutes_all", t0.get("train_minutes", 0.0))}
         if drafter.cfg.kind != dcfg.kind:
             raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
         accel.print(f"continuing from {cfg.init_from} ({drafter.info.get('training', {}).get('steps', '?')} steps)")
@@ -258,7 +262,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                                              "device": torch.cuda.get_device_name() if accel.device.type == "cuda"
                                              else "cpu"},
                 "holdout": metrics, "holdout_initial": initial}
-        info["training"]["command"] = command
+        info["training"] |= {"command": command, "steps_all": before["steps_all"] + step,
+                             "train_minutes_all": round(before["train_minutes_all"] + train_minutes, 2)}
         raw.save(out, extra=info, shard_mb=cfg.shard_mb)
         (out / "README.md").write_text(model_card(raw, info))
         (out / "history.json").write_text(json.dumps(history))
@@ -280,7 +285,8 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
         f"(reply) tokens; holdout: {h.get('positions', 0)} positions of the ShareGPT holdout split",
         *(["- feature shards: " + ", ".join(f"`{d}` ({n} reply tokens)" for d, n in per_dir.items())]
           if len(per_dir) > 1 else []),
-        *([f"- continued from `{t['init_from']}`"] if t.get("init_from") else []),
+        *([f"- continued from `{t['init_from']}`: {t['steps_all']} steps and {t['train_minutes_all']} min of "
+            "training in all"] if t.get("init_from") else []),
         f"- training: {t['steps']} steps ({t['epochs_done']:.2f} epochs), lr {t['lr']}, "
         + (f"micro-batches of {t['micro_batch']} sequences" if t.get("micro_batch") else
            f"batch {t['batch_tokens']} tokens (feature shards of {t['distill_batch']} sequences when distilled)"),

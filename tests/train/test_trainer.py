@@ -129,6 +129,7 @@ def test_continue_a_drafter_on_extra_shards_in_micro_batches(tiny, tmp_path):
                             micro_batch=1, epochs=1.0, lr=0.0, **kw), target=tiny)
     info = CascadedDrafter.load(out, tiny.model).info["training"]
     assert info["steps"] == 12 > n_shards  # one step per sequence: 6 + 6
+    assert info["steps_all"] == 2 + 12 and "12 steps" in (out / "README.md").read_text()
     assert set(info["tokens_per_feature_dir"]) == {str(tmp_path / d / "features") for d in "ab"}
     assert info["train_tokens"] == sum(info["tokens_per_feature_dir"].values())
     again = CascadedDrafter.load(out, tiny.model)
