@@ -188,10 +188,21 @@ def device_name(dev: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def _repo_path(path: str | None) -> str | None:
+    """A path relative to the working directory when it lies inside it (results name repo files,
+    not one machine's absolute paths)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def drafter_summary(drafter) -> dict:
     """Which trained drafter a result measured: its directory and what its training cost."""
     t, h = drafter.info.get("training") or {}, drafter.info.get("holdout") or {}
-    return {"path": getattr(drafter, "path", None), "steps": t.get("steps_all", t.get("steps")),
+    return {"path": _repo_path(getattr(drafter, "path", None)), "steps": t.get("steps_all", t.get("steps")),
             "train_minutes": t.get("train_minutes_all", t.get("train_minutes")),
             "train_tokens": t.get("train_tokens"), "device": t.get("device"),
             "holdout_tau_backbone": h.get("tau_backbone")}

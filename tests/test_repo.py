@@ -3,8 +3,11 @@ test command, pinned versions, the Space header."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,9 +39,14 @@ def test_space_sdk_version_matches_requirements():
     assert re.search(r"^torch==\d", reqs, re.M), "torch must be pinned (a range pulls a CUDA build)"
 
 
-def test_default_drafter_ships_with_a_model_card():
-    d = ROOT / "assets" / "drafters" / "smollm2-135m-fasteagle"
+@pytest.mark.parametrize("name", ["smollm2-135m-fasteagle", "smollm2-135m-eagle3"])
+def test_shipped_drafters_have_a_current_model_card(name):
+    d = ROOT / "assets" / "drafters" / name
     assert (d / "config.json").exists() and (d / "model.safetensors").exists()
     card = (d / "README.md").read_text()
     for needed in ("python -m fasteagle train", "hardware", "acceptance"):
         assert needed in card.lower() or needed in card
+    # the card states the holdout numbers of the weights next to it, not of an earlier run
+    holdout = json.loads((d / "eval.json").read_text())["holdout"]
+    assert f"{holdout['tau_backbone']}" in card
+    assert " | ".join(f"{x:.3f}" for x in holdout["depth_top1_given_spine"]) in card

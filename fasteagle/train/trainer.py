@@ -281,8 +281,9 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
         f"# {c.kind} drafter for {c.target}", "",
         f"- architecture: {shape}, width {c.width}, MLP {c.intermediate}, features from target layers "
         f"{c.feature_layers}, draft vocab {c.draft_vocab or c.vocab_size} tokens, loss decay {c.loss_decay}",
-        f"- data: {'self-distilled' if t.get('distill') else 'ShareGPT'} replies, {t['train_tokens']} training "
-        f"(reply) tokens; holdout: {h.get('positions', 0)} positions of the ShareGPT holdout split",
+        f"- data: {'self-distilled' if t.get('distill') and len(per_dir) < 2 else 'ShareGPT'} replies, "
+        f"{t['train_tokens']} training (reply) tokens; holdout: {h.get('positions', 0)} positions of the ShareGPT "
+        "holdout split",
         *(["- feature shards: " + ", ".join(f"`{d}` ({n} reply tokens)" for d, n in per_dir.items())]
           if len(per_dir) > 1 else []),
         *([f"- continued from `{t['init_from']}`: {t['steps_all']} steps and {t['train_minutes_all']} min of "
@@ -299,7 +300,8 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
         "| top-k (side leaves) | " + " | ".join(f"{x:.3f}" for x in h.get("depth_topk_given_spine", [])) + " |",
         "",
         f"Expected accepted length of the backbone tree (tau, bonus token included): {h.get('tau_backbone')} "
-        f"(untrained start: {h0.get('tau_backbone')}).",
+        f"({'the drafter this run continued' if t.get('init_from') else 'untrained start'}: "
+        f"{h0.get('tau_backbone')}).",
         "", "## Reproduce", "", "```bash", t.get("command") or "python -m fasteagle train ...", "```", "",
         "Training settings are in `config.json` (`training`); the per-step loss and accuracy are in `history.json`.",
     ]
