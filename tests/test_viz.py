@@ -269,6 +269,7 @@ def test_accepted_lengths_and_histogram():
     assert charts.accepted_lengths(traces) == [2, 0]
     fig = charts.acceptance_histogram(traces)
     assert list(fig.data[0].x) == [0, 1, 2] and list(fig.data[0].y) == [1, 0, 1]
+    assert "mean 1.00" in fig.layout.title.text and "τ" not in fig.layout.title.text  # one τ per screen
 
 
 def test_per_depth_acceptance_rates():

@@ -83,7 +83,9 @@ def acceptance_histogram(traces: Traces) -> go.Figure:
                            hovertemplate="%{y} steps accepted %{x} draft tokens<extra></extra>"))
     mean = sum(lengths) / len(lengths) if lengths else 0.0
     fig.update_xaxes(dtick=1)
-    return _layout(fig, f"accepted draft tokens per step (mean {mean:.2f}, τ = {mean + 1:.2f})",
+    # no τ here: the run's τ counts emitted tokens, and the last step's accepted drafts may be cut at
+    # max_new_tokens, so mean + 1 would disagree with the τ shown beside the reply
+    return _layout(fig, f"accepted draft tokens per step (mean {mean:.2f})",
                    "draft tokens accepted in the step", "steps")
 
 
