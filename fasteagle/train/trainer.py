@@ -139,10 +139,11 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     if cfg.features == "cache" and train_data is not None:
         cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
     dirs = [fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
+    shards_by_dir = {d: sorted(d.glob("shard-*.pt")) for d in dirs}
     for d in dirs[1:]:
-        if not any(d.glob("shard-*.pt")):
+        if not shards_by_dir[d]:
             raise FastEagleError(f"no feature shards in {d} (extra_features)")
-    shards = [s for d in dirs for s in sorted(d.glob("shard-*.pt"))]
+    shards = [s for d in dirs for s in shards_by_dir[d]]
     if cfg.distill_only:
         accel.print(f"distilled data written to {out} ({len(shards)} feature shards)")
         return out
@@ -153,7 +154,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     if shards:
         counts = torch.zeros(dcfg.vocab_size, dtype=torch.long)
         for d in dirs:
-            c, rows = shard_stats(sorted(d.glob("shard-*.pt")), dcfg.vocab_size)
+            c, rows = shard_stats(shards_by_dir[d], dcfg.vocab_size)
             counts, rows_per_shard = counts + c, rows_per_shard + rows
             tokens_per_dir[str(d)] = int(c.sum())
     else:
@@ -168,7 +169,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                   "train_minutes_all": t0.get("train_minutes_all", t0.get("train_minutes", 0.0))}
         if drafter.cfg.kind != dcfg.kind:
             raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
-        accel.print(f"continuing from {cfg.init_from} ({drafter.info.get('training', {}).get('steps', '?')} steps)")
+        accel.print(f"continuing from {cfg.init_from} ({before['steps_all']} steps)")
     else:
         drafter = drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:
