@@ -308,8 +308,8 @@ def verify_cost(target: Target, sizes=(1, 8, 16, 32, 64), prefix: int = 256, rep
             "relative": {str(t): round(v / out[sizes[0]], 2) for t, v in out.items()}}
 
 
-def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(8, 16, 24, 32, 48, 64), max_new: int = 64,
-              seed: int = 0) -> dict:
+def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(4, 6, 8, 12, 16, 24, 32, 48, 64),
+              max_new: int = 64, seed: int = 0) -> dict:
     """Measure tokens/s of the drafter at several tree budgets on a few prompts, and pick the best:
     the trade-off between acceptance (bigger trees) and verify cost (bigger forwards) is device-specific."""
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]

@@ -18,6 +18,8 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="HF model id or local dir (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--no-pack", dest="pack", action="store_const", const=False, default=None,
+                   help="keep the stock CPU linear layers (default: prepacked for fp32 CPU, fasteagle.packing)")
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
@@ -66,7 +68,7 @@ def cmd_generate(args) -> int:
 
     if not args.prompt or not args.prompt.strip():
         raise FastEagleError("the prompt is empty")
-    target = load_target(args.target, args.device, args.dtype)
+    target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     drafter = make_drafter(args.method, target, args)
     ids = chat_prompt_ids(target, args.prompt)
     sampling = SamplingParams(args.temperature, args.top_p)
@@ -130,10 +132,11 @@ def cmd_bench(args) -> int:
     if args.draft_step:
         depths = tuple(int(x) for x in args.depths.split(","))
         return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype), args.out)
-    target = load_target(args.target, args.device, args.dtype)
+    target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     if args.verify_cost:
         sizes = tuple(int(x) for x in args.verify_cost.split(","))
-        return _report(bench.verify_cost(target, sizes) | {"device": bench.device_name(target.device)}, args.out)
+        return _report(bench.verify_cost(target, sizes) | {"device": bench.device_name(target.device),
+                                                           "packed_linears": target.packed}, args.out)
     if not args.prompts:
         raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -145,6 +148,7 @@ def cmd_bench(args) -> int:
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "tree_k": args.tree_k, "tree_budget": args.tree_budget, "dtype": str(target.dtype),
+                "packed_linears": target.packed,
                 "drafters": {m: bench.drafter_summary(d) for m, d in methods.items() if hasattr(d, "info")}}
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}

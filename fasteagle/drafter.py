@@ -23,6 +23,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
+from fasteagle.packing import PackedLinear, pack_linears
 from fasteagle.tree import DraftTree, backbone
 
 
@@ -104,6 +105,8 @@ class CascadedDrafter(nn.Module):
         # draft index -> target token id; saved with the weights, set by `set_vocab`
         self.register_buffer("vocab_ids", torch.arange(cfg.draft_vocab or cfg.vocab_size))
         self._head_w: torch.Tensor | None = None  # the target LM head's rows for vocab_ids
+        self._head_packed: PackedLinear | None = None  # _head_w prepacked (CPU inference)
+        self.packed = False
         self._frozen: tuple[nn.Module, nn.Module] | None = None  # target's (embedding, lm_head), not ours
         self.feature_layers = tuple(cfg.feature_layers)
         self.tree_k: list[int] | int = 10  # top-k per depth (an int, or one per depth)
@@ -194,8 +197,22 @@ class CascadedDrafter(nn.Module):
         z = self.norms[depth - 1](h)
         if self.proj is not None:
             z = self.proj(z)
+        return self.vocab_logits(z)
+
+    def vocab_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """The frozen LM head over the draft vocab (prepacked when `pack_for_cpu` ran)."""
         w = self.head_weight()
-        return F.linear(z.to(w.dtype), w)
+        if not self.packed:
+            return F.linear(z.to(w.dtype), w)
+        if self._head_packed is None or self._head_packed.weight is not w:
+            self._head_packed = PackedLinear(w)
+        return self._head_packed(z.to(w.dtype))
+
+    def pack_for_cpu(self) -> CascadedDrafter:
+        """Prepack the linear layers and the head for fp32 CPU inference (`fasteagle.packing`);
+        training still works (the packed product steps aside under autograd)."""
+        self.packed = pack_linears(self) > 0
+        return self
 
     def forward(self, *args, **kwargs):
         """Training entry point (so that wrappers such as DDP see the call): the layer-wise loss."""
@@ -262,8 +279,10 @@ class CascadedDrafter(nn.Module):
     def depth_probs(self) -> torch.Tensor:
         """(N, V_draft) draft distributions for depths 1..N from the last extend (index with
         `vocab_ids` for token ids)."""
-        logits = torch.stack([self.head(self.last[i], i + 1) for i in range(self.cfg.num_layers)])
-        return torch.softmax(logits.float(), -1)
+        z = torch.stack([norm(h) for norm, h in zip(self.norms, self.last)])
+        if self.proj is not None:
+            z = self.proj(z)
+        return torch.softmax(self.vocab_logits(z).float(), -1)  # every depth in one product
 
     @torch.no_grad()
     def draft(self, root: int) -> DraftTree:
@@ -322,6 +341,8 @@ class CascadedDrafter(nn.Module):
             drafter.attach(target_model)
             p = next(target_model.parameters())
             drafter.to(p.device, p.dtype).eval()
+            if any(isinstance(m, PackedLinear) for m in target_model.modules()):  # pack when the target is
+                drafter.pack_for_cpu()
         return drafter
 
 

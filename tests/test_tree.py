@@ -130,43 +130,44 @@ def check_backbone(tree: DraftTree, root: int, ids: torch.Tensor, probs: torch.T
     ks = [max(1, min(k, kmax)) for k in ks]
     assert tree.tokens[0] == root and tree.parents[0] == -1
     assert tree.size <= budget or budget < 1
-    depth = min(n_depth, max(budget - 1, 0))
+    # the nodes kept: the best budget-1 candidates by P(backbone reaches the parent) * p(node)
+    reach = torch.cumprod(torch.cat([torch.ones(1), probs[:, 0]]), 0)
+    scores = sorted(((float(reach[d] * probs[d, c]), d, c) for d in range(n_depth) for c in range(ks[d])),
+                    reverse=True)
+    want = {(d, c) for _, d, c in scores[:max(budget - 1, 0)]}
+    depth = sum(1 for d in range(n_depth) if (d, 0) in want)
+    assert all((d, 0) in want for d in range(depth)), "the kept backbone is unbroken"
     # the spine: the first node of each depth is that depth's top-1, child of the previous spine node
     spine = [0]
-    for d in range(1, depth + 1):
+    for d in range(1, min(depth + 1, n_depth) + 1):
         at_d = (tree.depths == d).nonzero().squeeze(1).tolist()
-        assert at_d, f"depth {d} missing"
-        s = at_d[0]
-        assert tree.tokens[s] == ids[d - 1, 0] and tree.parents[s] == spine[-1]
-        assert tree.draft_probs[s] == probs[d - 1, 0]
-        spine.append(s)
-        # every other node at depth d is a side leaf under the same spine node, drafted from depth d's top-k
+        assert at_d or d == depth + 1, f"depth {d} missing"
+        if d <= depth:
+            s = at_d[0]
+            assert tree.tokens[s] == ids[d - 1, 0] and tree.parents[s] == spine[-1]
+            assert tree.draft_probs[s] == probs[d - 1, 0]
+            spine.append(s)
+        # every other node at depth d is a side leaf under the previous spine node, drafted from depth d's top-k
         col = {int(t): c for c, t in enumerate(ids[d - 1].tolist())}
         assert len(at_d) <= ks[d - 1]
         cols = []
-        for i in at_d[1:]:
+        for i in at_d[1 if d <= depth else 0:]:
             assert tree.parents[i] == spine[d - 1]
             c = col[int(tree.tokens[i])]
             assert 0 < c < ks[d - 1]
             assert tree.draft_probs[i] == probs[d - 1, c]
             cols.append(c)
         assert cols == sorted(cols), "side leaves in probability order"
-    assert int(tree.depths.max()) == depth
+    assert int(tree.depths.max()) in (depth, depth + 1)  # side leaves may sit one below the last backbone node
     side = [i for i in range(1, tree.size) if i not in spine]
     parents_of_anything = set(tree.parents.tolist())
     assert not any(i in parents_of_anything for i in side), "side leaves must be leaves"
     assert tree.sources.tolist() == tree.depths.tolist()
-    # the budget is filled when there are enough candidates
-    available = sum(k - 1 for k in ks[:depth])
-    assert tree.size == 1 + depth + min(max(budget - 1 - depth, 0), available)
-    # the kept side leaves are the best by P(spine reaches the parent) * p(leaf)
-    reach = torch.cumprod(torch.cat([torch.ones(1), probs[:, 0]]), 0)
-    scores = sorted(((float(reach[d] * probs[d, c]), d, c) for d in range(depth) for c in range(1, ks[d])),
-                    reverse=True)
+    # the budget is filled when there are enough candidates, with exactly the best ones
+    assert tree.size == 1 + min(max(budget - 1, 0), sum(ks))
     kept = {(int(tree.depths[i]) - 1, {int(t): c for c, t in enumerate(ids[int(tree.depths[i]) - 1].tolist())}
-             [int(tree.tokens[i])]) for i in side}
-    n_side = len(side)
-    assert kept == {(d, c) for _, d, c in scores[:n_side]}
+             [int(tree.tokens[i])]) for i in range(1, tree.size)}
+    assert kept == want
     return spine, side
 
 
@@ -195,6 +196,11 @@ def test_backbone_hand_made():
     assert tree.tokens.tolist() == [1, 10, 11, 20, 30, 31]
     assert tree.parents.tolist() == [-1, 0, 0, 1, 3, 3]
     assert backbone(1, ids, probs, 3, budget=3).tokens.tolist() == [1, 10, 20]  # budget cuts the spine
+    # a weak backbone: a second and third guess at depth 1 (0.25, 0.2) beat backbone depth 2 (0.3 * 0.5)
+    probs = torch.tensor([[0.3, 0.25, 0.2], [0.5, 0.2, 0.1], [0.6, 0.2, 0.1]])
+    tree = backbone(1, ids, probs, 3, budget=4)
+    assert tree.tokens.tolist() == [1, 10, 11, 12] and tree.parents.tolist() == [-1, 0, 0, 0]
+    assert backbone(1, ids, probs, 3, budget=5).tokens.tolist() == [1, 10, 11, 12, 20]
 
 
 # -- dynamic (EAGLE-2 rerank) ---------------------------------------------------------------------
