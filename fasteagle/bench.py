@@ -168,6 +168,30 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
     return out
 
 
+def _verify_cost_table(doc: dict) -> str:
+    sizes = list(doc["ms"])
+    variants = doc.get("variants") or {"": {"ms": doc["ms"], "relative": doc["relative"]}}
+    first = next(iter(variants))
+    rows = []
+    for name, v in variants.items():
+        label = f" ({name} linears)" if name else ""
+        rows.append(f"| ms{label} | " + " | ".join(f"{v['ms'][t]:.1f}" for t in sizes) + " |")
+        rows.append(f"| vs T=1{label} | " + " | ".join(f"{v['relative'][t]:.2f}x" for t in sizes) + " |")
+        if name != first:
+            rows.append(f"| {name} / {first} | " + " | ".join(f"{v[f'over_{first}'][t]:.2f}x" for t in sizes) + " |")
+    what = (f"; {' and '.join(variants)} linear layers timed interleaved" if len(variants) > 1 else _linears(doc))
+    return (f"**{doc.get('device', '?')}**{what}: one target forward over a tree of T nodes after "
+            f"{doc['prefix']} tokens of context, against T=1 (one decode step)\n\n| T | " + " | ".join(sizes)
+            + " |\n|---|" + "---|" * len(sizes) + "\n" + "\n".join(rows) + "\n")
+
+
+def _linears(d: dict) -> str:
+    """Which linear layers a result ran on (`fasteagle.packing`); results from before the choice say nothing."""
+    if "packed_linears" not in d:
+        return ""
+    return ", prepacked linears" if d["packed_linears"] else ", stock linears"
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     i = q * (len(sorted_values) - 1)
     lo, hi = int(i), min(int(i) + 1, len(sorted_values) - 1)
@@ -225,10 +249,7 @@ def markdown_table(doc: dict) -> str:
     """One Markdown table per result document (what the README shows): a method comparison, a
     verify-cost sweep or a draft-step timing."""
     if "relative" in doc:
-        return (f"**{doc.get('device', '?')}**: one target forward over a tree of T nodes after {doc['prefix']} "
-                f"tokens of context, against T=1 (one decode step)\n\n| T | " + " | ".join(doc["ms"]) + " |\n|---|"
-                + "---|" * len(doc["ms"]) + "\n| ms | " + " | ".join(f"{v:.1f}" for v in doc["ms"].values())
-                + " |\n| relative | " + " | ".join(f"{v:.2f}x" for v in doc["relative"].values()) + " |\n")
+        return _verify_cost_table(doc)
     if "shape" in doc:
         rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |\n"
                        for d, r in doc["ms"].items())
@@ -239,7 +260,7 @@ def markdown_table(doc: dict) -> str:
     budget = s.get("tree_budget")
     if isinstance(budget, dict):  # --tree auto: one per drafter
         budget = ", ".join(f"{k} {v}" for k, v in budget.items()) + " (auto)"
-    head = (f"**{doc['device']}**, target `{doc['target']}`, {s.get('prompts_desc', '')} "
+    head = (f"**{doc['device']}**{_linears(s)}, target `{doc['target']}`, {s.get('prompts_desc', '')} "
             f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, tree budget {budget} nodes, "
             f"{doc['date']}" + "".join(f"; {m} drafter `{d['path']}` ({d['steps']} steps, {d['train_minutes']} min)"
                                         for m, d in (s.get("drafters") or {}).items()) + "\n\n")
@@ -282,30 +303,51 @@ def charts(doc: dict, path: str | Path) -> None:
 
 
 @torch.inference_mode()
-def verify_cost(target: Target, sizes=(1, 8, 16, 32, 64), prefix: int = 256, reps: int = 10) -> dict:
+def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), prefix: int = 256,
+                reps: int = 10) -> dict:
     """Median time of one target forward over a tree of T nodes after a `prefix`-token context,
-    and its ratio to T=1 (one plain decode step). This is what decides the tree budget."""
-    model, dev = target.model, target.device
+    and its ratio to T=1 (one plain decode step). This is what decides the tree budget.
+
+    Several targets (name -> Target: the same model with prepacked and with stock linear layers)
+    are timed interleaved, rep by rep, and reported under `variants` with their ratio to the first.
+    """
+    targets = target if isinstance(target, dict) else {"": target}
     g = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    cache = KVCache.for_model(model, prefix + max(sizes) + 1)
-    tree_forward(model, cache, path_tree(torch.randint(vocab, (prefix,), generator=g).to(dev)))
-    cache.keep(torch.arange(prefix, device=dev))
-    out = {}
+    first = next(iter(targets.values()))
+    vocab, dev = first.model.config.vocab_size, first.device
+    context = torch.randint(vocab, (prefix,), generator=g).to(dev)
+    caches = {}
+    for name, t in targets.items():
+        caches[name] = KVCache.for_model(t.model, prefix + max(sizes) + 1)
+        tree_forward(t.model, caches[name], path_tree(context))
+        caches[name].keep(torch.arange(prefix, device=dev))
+    ms = {name: {} for name in targets}
     for T in sizes:
         tree = chain(int(torch.randint(vocab, (1,), generator=g)), torch.randint(vocab, (T - 1,), generator=g)).to(dev)
-        times = []
+        times = {name: [] for name in targets}
         for r in range(reps + 2):
-            _sync(dev)
-            t0 = time.perf_counter()
-            tree_forward(model, cache, tree)
-            _sync(dev)
-            if r >= 2:
-                times.append((time.perf_counter() - t0) * 1e3)
-            cache.truncate(prefix)
-        out[T] = statistics.median(times)
-    return {"prefix": prefix, "ms": {str(t): round(v, 2) for t, v in out.items()},
-            "relative": {str(t): round(v / out[sizes[0]], 2) for t, v in out.items()}}
+            for name, t in targets.items():
+                _sync(dev)
+                t0 = time.perf_counter()
+                tree_forward(t.model, caches[name], tree)
+                _sync(dev)
+                if r >= 2:
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+                caches[name].truncate(prefix)
+        for name in targets:
+            ms[name][T] = statistics.median(times[name])
+
+    def table(m: dict) -> dict:
+        return {"ms": {str(t): round(v, 2) for t, v in m.items()},
+                "relative": {str(t): round(v / m[sizes[0]], 2) for t, v in m.items()}}
+
+    names = list(targets)
+    doc = {"prefix": prefix} | table(ms[names[0]])
+    if len(names) > 1:
+        doc["variants"] = {name: table(ms[name]) | {f"over_{names[0]}": {str(t): round(ms[name][t] / ms[names[0]][t], 2)
+                                                                         for t in sizes}}
+                           for name in names}
+    return doc
 
 
 def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(4, 6, 8, 12, 16, 24, 32, 48, 64),

@@ -135,8 +135,13 @@ def cmd_bench(args) -> int:
     target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     if args.verify_cost:
         sizes = tuple(int(x) for x in args.verify_cost.split(","))
-        return _report(bench.verify_cost(target, sizes) | {"device": bench.device_name(target.device),
-                                                           "packed_linears": target.packed}, args.out)
+        timed = target
+        if args.compare_packing:
+            if not target.packed:
+                raise FastEagleError("--compare-packing needs a target whose linears can be prepacked (fp32 on CPU)")
+            timed = {"prepacked": target, "stock": load_target(args.target, args.device, args.dtype, pack=False)}
+        return _report(bench.verify_cost(timed, sizes) | {"device": bench.device_name(target.device),
+                                                          "packed_linears": target.packed}, args.out)
     if not args.prompts:
         raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -234,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: measure this device and give each trained drafter its best tree budget (tokens/s)")
     b.add_argument("--verify-cost", dest="verify_cost", default=None, metavar="SIZES",
                    help="only measure one target forward over trees of these sizes, e.g. 1,8,16,32,64")
+    b.add_argument("--compare-packing", dest="compare_packing", action="store_true",
+                   help="with --verify-cost: time prepacked and stock linear layers interleaved")
     b.add_argument("--draft-step", dest="draft_step", default=None, metavar="SHAPE",
                    help="only time one draft step of FastEagle vs EAGLE-3-style at a model shape, random weights "
                         "(llama3-8b or smollm2-135m)")

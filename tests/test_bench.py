@@ -3,15 +3,17 @@ lossless check counts identical outputs, tables/charts/README regeneration work.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 
-from fasteagle import bench
+from fasteagle import bench, packing
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
 from fasteagle.lookup import LookupDrafter
+from fasteagle.target import Target
 from fasteagle.verify import SamplingParams
 
 PROMPTS = [{"id": "a", "category": "chat", "text": "w10 w11 w12 w13"},
@@ -83,6 +85,22 @@ def test_verify_cost_reports_every_size(tiny):
     assert set(cost["ms"]) == {"1", "4", "8"} and cost["relative"]["1"] == 1.0
 
 
+@pytest.mark.skipif(not packing.available(), reason="this PyTorch build has no oneDNN linear ops")
+def test_verify_cost_times_prepacked_and_stock_linears_side_by_side(tiny):
+    model = copy.deepcopy(tiny.model)
+    assert packing.pack_linears(model) > 0
+    packed = Target(model=model, tokenizer=tiny.tokenizer, name=tiny.name, packed=1)
+    cost = bench.verify_cost({"prepacked": packed, "stock": tiny}, sizes=(1, 4), prefix=8, reps=2)
+    assert cost["ms"] == cost["variants"]["prepacked"]["ms"]
+    stock = cost["variants"]["stock"]
+    for t in ("1", "4"):
+        assert stock["over_prepacked"][t] == pytest.approx(stock["ms"][t] / cost["ms"][t], abs=0.02)
+    table = bench.markdown_table(cost | {"device": "cpu"})
+    assert "prepacked and stock linear layers timed interleaved" in table
+    assert "| ms (stock linears) | " in table and "| stock / prepacked | " in table
+    assert table.count("\n|") == 7  # header, rule, 2 rows per variant, one ratio row
+
+
 def test_auto_tree_picks_a_measured_budget(tiny):
     torch.manual_seed(0)
     d = CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, intermediate=64))
@@ -107,7 +125,7 @@ def test_draft_step_cost_times_both_drafters_at_every_depth():
 def test_verify_cost_and_draft_step_render_as_tables(tiny):
     cost = bench.verify_cost(tiny, sizes=(1, 4), prefix=8, reps=1)
     table = bench.markdown_table(cost | {"device": "cpu"})
-    assert "| relative | 1.00x | " in table and table.count("\n|") == 4  # header, rule, ms, relative
+    assert "| vs T=1 | 1.00x | " in table and table.count("\n|") == 4  # header, rule, ms, relative
     step = bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu")
     assert "| 2 | " in bench.markdown_table(step) and "EAGLE-3 / FastEagle" in bench.markdown_table(step)
 
