@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from fasteagle import packing
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, generate
 from fasteagle.kvcache import KVCache
@@ -253,8 +254,8 @@ def markdown_table(doc: dict) -> str:
     if "shape" in doc:
         rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |\n"
                        for d, r in doc["ms"].items())
-        return (f"**{doc['device']}**, {doc['dtype']}: one draft step ({doc['accepted']} accepted tokens fed, then "
-                f"the ~60-node tree) at the `{doc['shape']}` shape, random weights\n\n"
+        return (f"**{doc['device']}**, {doc['dtype']}{_linears(doc)}: one draft step ({doc['accepted']} accepted "
+                f"tokens fed, then the ~60-node tree) at the `{doc['shape']}` shape, random weights\n\n"
                 "| depth | FastEagle ms | EAGLE-3-style ms | EAGLE-3 / FastEagle |\n|---|---|---|---|\n" + rows)
     s = doc["settings"]
     budget = s.get("tree_budget")
@@ -393,10 +394,13 @@ class _BorrowedEnds(torch.nn.Module):
 
 @torch.inference_mode()
 def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: int = 128, accepted: int = 3,
-                    reps: int = 5, device: str | torch.device | None = None, dtype: str | None = None) -> dict:
+                    reps: int = 5, device: str | torch.device | None = None, dtype: str | None = None,
+                    pack: bool | None = None) -> dict:
     """Median time of one draft step -- feed `accepted` new positions, then build the ~60-node tree --
     of the cascade (one pass through N layers) and of the EAGLE-3-style drafter (one layer, run once
-    per depth), with random weights at a model shape. The gap is the single-pass advantage."""
+    per depth), with random weights at a model shape. The gap is the single-pass advantage.
+
+    Both drafters get prepacked linears where the engine would give them (fp32 CPU; `pack`=False: stock)."""
     from fasteagle.drafter import CascadedDrafter, DrafterConfig
     from fasteagle.eagle3 import AutoregressiveDrafter
 
@@ -405,12 +409,13 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
     dims = SHAPES[shape] if isinstance(shape, str) else shape
     dev = torch.device(device) if device else default_device()
     dtype = parse_dtype(dtype, dev)
+    pack = packing.wanted(dev, dtype) if pack is None else pack and packing.wanted(dev, dtype)
     g = torch.Generator().manual_seed(0)
     ends = _BorrowedEnds(dims["vocab_size"], dims["target_hidden"]).to(dev, dtype)
     feats = torch.randn(prefix + accepted, 3 * dims["target_hidden"], generator=g).to(dev, dtype)
     ids = torch.randint(dims["vocab_size"], (prefix + accepted + 1,), generator=g).to(dev)
     out = {"shape": shape if isinstance(shape, str) else "custom", "device": device_name(dev), "dtype": str(dtype),
-           "prefix": prefix, "accepted": accepted, "ms": {}}
+           "prefix": prefix, "accepted": accepted, "packed_linears": int(pack), "ms": {}}
     for depth in tqdm(depths, desc="draft step"):
         row = {}
         for kind, cls in (("fasteagle", CascadedDrafter), ("eagle3", AutoregressiveDrafter)):
@@ -418,6 +423,8 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
             if cls is AutoregressiveDrafter:
                 cfg = AutoregressiveDrafter.config_for(cfg, depth)
             d = cls(cfg).to(dev, dtype).eval().attach(ends, check=False)
+            if pack:
+                d.pack_for_cpu()
             d.reset(prefix + accepted + 8)
             d.extend(ids[:prefix], feats[:prefix], int(ids[prefix]))
             times = []

@@ -111,12 +111,17 @@ def _command() -> str:
 
 
 def _report(doc: dict, out: str | None) -> int:
-    """Print a one-off measurement and keep it as JSON."""
+    """Print a one-off measurement as a table and keep it as JSON (with the .md table beside it)."""
+    from fasteagle.bench import markdown_table
+
     doc["command"] = _command()
-    print(json.dumps(doc, indent=2))
+    table = markdown_table(doc)
+    print(table)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(doc, indent=2))
+        Path(out).with_suffix(".md").write_text(table)
+        print(f"wrote {out} (+ .md table)")
     return 0
 
 
@@ -131,7 +136,8 @@ def cmd_bench(args) -> int:
         return 0
     if args.draft_step:
         depths = tuple(int(x) for x in args.depths.split(","))
-        return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype), args.out)
+        return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
+                                                            pack=args.pack), args.out)
     target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     if args.verify_cost:
         sizes = tuple(int(x) for x in args.verify_cost.split(","))

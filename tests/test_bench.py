@@ -130,6 +130,17 @@ def test_verify_cost_and_draft_step_render_as_tables(tiny):
     assert "| 2 | " in bench.markdown_table(step) and "EAGLE-3 / FastEagle" in bench.markdown_table(step)
 
 
+def test_draft_step_cost_packs_both_drafters_like_the_engine_does_on_a_cpu(monkeypatch):
+    """Packed and stock draft steps must both run and say which they were (the table names it)."""
+    packed = bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu")
+    stock = bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu", pack=False)
+    assert stock["packed_linears"] == 0 and "stock linears" in bench.markdown_table(stock)
+    if packing.available():
+        assert packed["packed_linears"] == 1 and "prepacked linears" in bench.markdown_table(packed)
+    monkeypatch.setenv("FASTEAGLE_PACK", "0")
+    assert bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu")["packed_linears"] == 0
+
+
 def test_draft_step_cost_refuses_an_unknown_shape():
     with pytest.raises(FastEagleError, match="unknown shape"):
         bench.draft_step_cost("llama-1t")
