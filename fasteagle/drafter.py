@@ -113,6 +113,7 @@ class CascadedDrafter(nn.Module):
         self.tree_budget = 60
         self.cache: KVCache | None = None
         self.last: torch.Tensor | None = None
+        self.active_layers = cfg.num_layers  # layers run per decode, fixed at `reset`
         self.apply(self._init)
 
     @staticmethod
@@ -179,13 +180,15 @@ class CascadedDrafter(nn.Module):
         return self._head_w
 
     def hidden(self, feats: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
-               mask: torch.Tensor | None = None, cache: KVCache | None = None) -> list[torch.Tensor]:
-        """Outputs of every layer, (B, L, width) each. mask=None means plain causal attention."""
+               mask: torch.Tensor | None = None, cache: KVCache | None = None,
+               layers: int | None = None) -> list[torch.Tensor]:
+        """Outputs of the first `layers` layers (all by default), (B, L, width) each. mask=None means
+        plain causal attention."""
         embed = self._frozen[0](next_ids).to(feats.dtype)
         x = self.fc(torch.cat([feats, embed], -1))
         pe = self.rotary(x, position_ids)
         outs = []
-        for layer in self.layers:
+        for layer in self.layers[:layers]:
             x = layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
                       use_cache=cache is not None, position_embeddings=pe)
             x = x[0] if isinstance(x, tuple) else x
@@ -257,10 +260,14 @@ class CascadedDrafter(nn.Module):
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:
+        """Start a sequence. A tree of `tree_budget` nodes reaches at most depth budget-1, so only
+        that many layers run until the next reset: the deeper ones could never place a node, and
+        skipping them (caches included) makes small trees' drafts cheaper at no loss."""
         if self.cache is None or self.cache.capacity < capacity:
             self.cache = KVCache(self.cfg.num_layers, capacity)
         self.cache.reset()
         self.last = None
+        self.active_layers = max(1, min(self.cfg.num_layers, int(self.tree_budget) - 1))
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
@@ -272,13 +279,13 @@ class CascadedDrafter(nn.Module):
         pos = torch.arange(past, past + n, device=tokens.device)[None]
         dtype = self.fc.weight.dtype
         mask = attention_mask(causal_ancestors(n, tokens.device), past, dtype)
-        outs = self.hidden(features[None].to(dtype), nxt[None], pos, mask, self.cache)
-        self.last = torch.stack([o[0, -1] for o in outs])  # (N, width)
+        outs = self.hidden(features[None].to(dtype), nxt[None], pos, mask, self.cache, self.active_layers)
+        self.last = torch.stack([o[0, -1] for o in outs])  # (active layers, width)
 
     @torch.no_grad()
     def depth_probs(self) -> torch.Tensor:
-        """(N, V_draft) draft distributions for depths 1..N from the last extend (index with
-        `vocab_ids` for token ids)."""
+        """(D, V_draft) draft distributions for depths 1..D (D = active layers) from the last extend
+        (index with `vocab_ids` for token ids)."""
         z = torch.stack([norm(h) for norm, h in zip(self.norms, self.last)])
         if self.proj is not None:
             z = self.proj(z)
@@ -287,12 +294,10 @@ class CascadedDrafter(nn.Module):
     @torch.no_grad()
     def draft(self, root: int) -> DraftTree:
         probs = self.depth_probs()
-        ks = self.tree_k if isinstance(self.tree_k, int) else list(self.tree_k) + [1] * self.cfg.num_layers
-        kmax = ks if isinstance(ks, int) else max(ks[: self.cfg.num_layers])
-        top_p, top_i = probs.topk(kmax, -1)
-        top_i = self.vocab_ids[top_i]
-        return backbone(root, top_i, top_p, ks if isinstance(ks, int) else ks[: self.cfg.num_layers],
-                        self.tree_budget)
+        n = probs.shape[0]
+        ks = self.tree_k if isinstance(self.tree_k, int) else (list(self.tree_k) + [1] * n)[:n]
+        top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
+        return backbone(root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, out: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16,

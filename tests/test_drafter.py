@@ -118,6 +118,30 @@ def test_incremental_extend_equals_a_full_forward(tiny):
     torch.testing.assert_close(d.last, torch.stack([o[0, -1] for o in full]), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("budget", [2, 3, 4])
+def test_a_small_tree_runs_only_the_layers_it_can_reach(tiny, budget):
+    """A tree of B nodes reaches depth B-1 at most: the deeper layers are skipped (their caches
+    stay empty) and the tree is exactly the one all N layers would have given."""
+    ids = torch.randint(4, TINY_VOCAB, (12,))
+    f = features(tiny, ids[None], make(tiny).cfg.feature_layers)[0]
+    trees = []
+    for skip in (True, False):
+        d = make(tiny)
+        d.tree_k, d.tree_budget = [3, 2, 2, 2], budget
+        d.reset(64)
+        if not skip:
+            d.active_layers = N
+        d.extend(ids[:8], f[:8], int(ids[8]))
+        d.extend(ids[8:], f[8:], 5)
+        trees.append(d.draft(5))
+        ran = [layer.length for layer in d.cache.layers]
+        assert ran == ([12] * (budget - 1) + [0] * (N - budget + 1) if skip else [12] * N)
+    assert trees[0].size == budget
+    for name in ("tokens", "parents", "depths", "sources"):
+        assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
+    torch.testing.assert_close(trees[0].draft_probs, trees[1].draft_probs)  # a head product of fewer rows
+
+
 def test_save_load_round_trip(tiny, tmp_path):
     d = make(tiny, draft_vocab=100)
     counts = torch.arange(TINY_VOCAB)
