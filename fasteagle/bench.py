@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import platform
 import statistics
 import time
@@ -353,18 +354,68 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
 
 def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(4, 6, 8, 12, 16, 24, 32, 48, 64),
               max_new: int = 64, seed: int = 0) -> dict:
-    """Measure tokens/s of the drafter at several tree budgets on a few prompts, and pick the best:
-    the trade-off between acceptance (bigger trees) and verify cost (bigger forwards) is device-specific."""
+    """Pick the tree budget B that maximises expected tokens/s on this device, and set it:
+
+        tokens/s(B) = tokens per step(B) / (draft ms(B) + verify ms(B))
+
+    verify ms(B) is this device's cost of one target forward over B nodes (`verify_cost`), draft ms(B)
+    the drafter's measured step at budget B, and tokens per step(B) comes from the drafter's own
+    acceptance, replayed: one greedy decode at the largest budget records every tree and its accepted
+    path; the tree budget B would have drafted is the best B-1 of those nodes (`replay_budget`), and
+    greedy acceptance in it is the recorded path cut at its first missing node. One decode thus
+    scores every budget, with no run-to-run timing noise in the acceptance part.
+    """
+    budgets = sorted(set(budgets))
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
-    time_one(target, encoded[0], "draft", drafter, 16, SamplingParams(), seed)  # warmup
-    results = {}
-    for b in tqdm(budgets, desc="tree budget"):
+    drafter.tree_budget = budgets[-1]
+    time_one(target, encoded[0], "draft", drafter, 8, SamplingParams(), seed)  # warmup
+    steps = [s for ids in tqdm(encoded, desc="auto tree: replay decode")
+             for s in list(generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed))[1:]]
+    per_step = {b: statistics.fmean(replay_budget(s.tree, s.path, b) + 1 for s in steps) for b in budgets}
+    context = int(statistics.fmean(ids.numel() for ids in encoded)) + max_new // 2
+    verify_ms = verify_cost(target, (1, *budgets), prefix=context, reps=5)["ms"]
+    draft_ms = {}
+    for b in tqdm(budgets, desc="auto tree: draft cost"):
         drafter.tree_budget = b
-        rs = [time_one(target, ids, "draft", drafter, max_new, SamplingParams(), seed) for ids in encoded]
-        results[b] = sum(len(r["tokens"]) for r in rs) / sum(r["wall_s"] for r in rs)
-    best = max(results, key=results.get)
+        traces = list(generate(target, encoded[0], drafter=drafter, max_new_tokens=16, seed=seed))[1:]
+        draft_ms[b] = statistics.median(t.draft_ms for t in traces)
+    rate = {b: 1e3 * per_step[b] / (draft_ms[b] + verify_ms[str(b)]) for b in budgets}
+    best = max(rate, key=rate.get)
     drafter.tree_budget = best
-    return {"budget": best, "tokens_per_s": {str(b): round(v, 2) for b, v in results.items()}}
+    vanilla = 1e3 / verify_ms["1"]
+    return {"budget": best, "tokens_per_s": {str(b): round(v, 2) for b, v in rate.items()},
+            "speedup_vs_decode_step": {str(b): round(v / vanilla, 3) for b, v in rate.items()},
+            "tokens_per_step": {str(b): round(v, 3) for b, v in per_step.items()},
+            "draft_ms": {str(b): round(v, 2) for b, v in draft_ms.items()},
+            "verify_ms": {str(b): verify_ms[str(b)] for b in budgets}, "decode_step_ms": verify_ms["1"],
+            "replayed_steps": len(steps), "context": context}
+
+
+def best_nodes(tree: dict, budget: int) -> list[int]:
+    """The `budget`-1 non-root nodes of a recorded tree (`DraftTree.to_dict()`) with the highest path
+    probability, best first."""
+    parents, probs = tree["parents"], tree["draft_probs"]
+    logp = [0.0] * len(parents)
+    for i in range(1, len(parents)):
+        logp[i] = logp[parents[i]] + math.log(max(probs[i], 1e-30))
+    return sorted(range(1, len(parents)), key=lambda i: (-logp[i], i))[: max(budget - 1, 0)]
+
+
+def replay_budget(tree: dict, path: list[int], budget: int) -> int:
+    """Draft tokens greedy verification would have accepted had the drafter been given `budget`
+    nodes (root included) instead of the recorded tree: both tree builders keep the candidates with
+    the highest path probability (product of draft probabilities from the root), so the smaller tree
+    is the recorded one's best budget-1 nodes, closed under ancestors (a child never outranks its
+    parent; ties go to the earlier node, i.e. the parent). Greedy acceptance does not depend on which
+    other nodes are in the tree, so the accepted path is the recorded one up to its first dropped node.
+    """
+    kept = set(best_nodes(tree, budget))
+    n = 0
+    for node in path[1:]:
+        if node not in kept:
+            break
+        n += 1
+    return n
 
 
 # Layer shapes for `draft_step_cost` (random weights: only the timing matters). EAGLE-3 drafts

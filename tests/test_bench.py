@@ -101,13 +101,52 @@ def test_verify_cost_times_prepacked_and_stock_linears_side_by_side(tiny):
     assert table.count("\n|") == 7  # header, rule, 2 rows per variant, one ratio row
 
 
-def test_auto_tree_picks_a_measured_budget(tiny):
+def test_auto_tree_picks_the_budget_with_the_best_expected_rate(tiny):
     torch.manual_seed(0)
     d = CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, intermediate=64))
     d.attach(tiny.model).eval()
-    choice = bench.auto_tree(tiny, d, PROMPTS[:1], budgets=(4, 8), max_new=8)
-    assert choice["budget"] in (4, 8) and d.tree_budget == choice["budget"]
-    assert set(choice["tokens_per_s"]) == {"4", "8"}
+    choice = bench.auto_tree(tiny, d, PROMPTS[:1], budgets=(8, 4), max_new=8)
+    rate = choice["tokens_per_s"]
+    assert set(rate) == {"4", "8"} and choice["budget"] == int(max(rate, key=rate.get)) == d.tree_budget
+    per_step = choice["tokens_per_step"]
+    assert 1.0 <= per_step["4"] <= per_step["8"] and choice["replayed_steps"] > 0
+    for b in ("4", "8"):  # the rate is the model it claims to be
+        expected = 1e3 * per_step[b] / (choice["draft_ms"][b] + choice["verify_ms"][b])
+        assert rate[b] == pytest.approx(expected, rel=0.01)
+        speedup = rate[b] * choice["decode_step_ms"] / 1e3
+        assert choice["speedup_vs_decode_step"][b] == pytest.approx(speedup, rel=0.01, abs=1e-3)
+
+
+def test_replay_keeps_the_best_nodes_and_cuts_the_accepted_path_at_the_first_dropped_one():
+    # root 0; 1 (p .5) and 2 (p .3) under it; 3 (.9) and 4 (.2) under 1; 5 (.5) under 3
+    tree = {"parents": [-1, 0, 0, 1, 1, 3], "draft_probs": [1.0, 0.5, 0.3, 0.9, 0.2, 0.5]}
+    assert bench.best_nodes(tree, 6) == [1, 3, 2, 5, 4]  # path probabilities .5, .45, .3, .225, .1
+    assert [bench.replay_budget(tree, [0, 1, 3, 5], b) for b in range(1, 8)] == [0, 1, 2, 2, 3, 3, 3]
+    assert [bench.replay_budget(tree, [0, 2], b) for b in (3, 4)] == [0, 1]
+    assert bench.replay_budget(tree, [0], 6) == 0
+
+
+@pytest.mark.parametrize("kind", ["fasteagle", "eagle3"])
+def test_a_smaller_budget_drafts_the_best_nodes_of_a_bigger_tree(tiny, kind):
+    """What replay assumes of both tree builders: from the same state, budget B drafts exactly the
+    best B-1 nodes (by path probability) of the tree a bigger budget drafts."""
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, intermediate=64)
+    d = (AutoregressiveDrafter(AutoregressiveDrafter.config_for(cfg, 4)) if kind == "eagle3"
+         else CascadedDrafter(cfg)).attach(tiny.model).eval()
+    d.tree_k = 3
+    ids = torch.randint(4, 200, (12,))
+    first = {}
+    for b in (5, 9, 20):
+        d.tree_budget = b
+        first[b] = next(s for s in bench.generate(tiny, ids, drafter=d, max_new_tokens=2) if s.tree).tree
+    big = first[20]
+    for b in (5, 9):
+        small = first[b]
+        want = sorted((big["tokens"][i], big["depths"][i]) for i in bench.best_nodes(big, b))
+        assert sorted(zip(small["tokens"][1:], small["depths"][1:])) == want
 
 
 TINY_SHAPE = dict(target_hidden=32, vocab_size=200, width=32, intermediate=64, num_heads=4, num_kv_heads=2,
