@@ -287,12 +287,15 @@ def markdown_table(doc: dict) -> str:
 
 
 def charts(doc: dict, path: str | Path) -> None:
-    """Plotly HTML: speedup and tau per method, and per-depth acceptance of the drafters."""
+    """Plotly HTML: speedup and tau per method, per-depth acceptance of the drafters, and (with
+    `--tree auto`) each drafter's expected speedup against the tree budget it was chosen from."""
     from plotly.subplots import make_subplots
 
     names = list(doc["methods"])
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("speedup vs vanilla", "tau (tokens / target forward)",
-                                                        "per-depth acceptance"))
+    auto = doc.get("settings", {}).get("tree_auto") or {}
+    titles = ["speedup vs vanilla", "tau (tokens / target forward)", "per-depth acceptance"]
+    fig = make_subplots(rows=1, cols=3 + bool(auto),
+                        subplot_titles=titles + ["--tree auto: expected speedup vs budget"] * bool(auto))
     fig.add_bar(x=names, y=[doc["methods"][n].get("speedup_vs_vanilla") for n in names], row=1, col=1,
                 showlegend=False)
     fig.add_bar(x=names, y=[doc["methods"][n].get("tau") for n in names], row=1, col=2, showlegend=False)
@@ -300,6 +303,12 @@ def charts(doc: dict, path: str | Path) -> None:
         acc = doc["methods"][n].get("depth_acceptance") or []
         if acc:
             fig.add_scatter(x=list(range(1, len(acc) + 1)), y=acc, mode="lines+markers", name=n, row=1, col=3)
+    for n, choice in auto.items():
+        curve = choice.get("speedup_vs_decode_step") or {}
+        fig.add_scatter(x=[int(b) for b in curve], y=list(curve.values()), mode="lines+markers",
+                        name=f"{n} (picked {choice['budget']})", row=1, col=4)
+    if auto:
+        fig.update_xaxes(type="log", title_text="tree nodes", row=1, col=4)
     fig.update_layout(title=f"{doc['target']} on {doc['device']}", height=420, template="plotly_white")
     fig.write_html(str(path), include_plotlyjs="cdn")
 

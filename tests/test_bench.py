@@ -72,6 +72,12 @@ def test_markdown_charts_and_readme(doc, tmp_path):
     out.write_text(json.dumps(doc | {"command": "python -m fasteagle bench --limit 1"}))
     bench.charts(doc, tmp_path / "r.html")
     assert "plotly" in (tmp_path / "r.html").read_text().lower()
+    assert "--tree auto" not in (tmp_path / "r.html").read_text()
+    auto = copy.deepcopy(doc)
+    auto["settings"]["tree_auto"] = {"fasteagle": {"budget": 8, "speedup_vs_decode_step": {"4": 1.1, "8": 1.25}}}
+    bench.charts(auto, tmp_path / "auto.html")
+    assert "--tree auto: expected speedup vs budget" in (tmp_path / "auto.html").read_text()
+    assert "fasteagle (picked 8)" in (tmp_path / "auto.html").read_text()
     readme = tmp_path / "README.md"
     readme.write_text(f"top\n{bench.README_START}\nold\n{bench.README_END}\nbottom\n")
     bench.update_readme([out], readme)
