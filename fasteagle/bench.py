@@ -317,7 +317,8 @@ def charts(doc: dict, path: str | Path) -> None:
 def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), prefix: int = 256,
                 reps: int = 10) -> dict:
     """Median time of one target forward over a tree of T nodes after a `prefix`-token context,
-    and its ratio to T=1 (one plain decode step). This is what decides the tree budget.
+    and its ratio to T=1 (one plain decode step). This is what decides the tree budget. Each rep
+    times every size once, so a machine that speeds up or slows down mid-sweep biases no size.
 
     Several targets (name -> Target: the same model with prepacked and with stock linear layers)
     are timed interleaved, rep by rep, and reported under `variants` with their ratio to the first.
@@ -332,21 +333,20 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
         caches[name] = KVCache.for_model(t.model, prefix + max(sizes) + 1)
         tree_forward(t.model, caches[name], path_tree(context))
         caches[name].keep(torch.arange(prefix, device=dev))
-    ms = {name: {} for name in targets}
-    for T in sizes:
-        tree = chain(int(torch.randint(vocab, (1,), generator=g)), torch.randint(vocab, (T - 1,), generator=g)).to(dev)
-        times = {name: [] for name in targets}
-        for r in range(reps + 2):
+    trees = {T: chain(int(torch.randint(vocab, (1,), generator=g)), torch.randint(vocab, (T - 1,), generator=g)).to(dev)
+             for T in sizes}
+    times = {name: {T: [] for T in sizes} for name in targets}
+    for r in range(reps + 2):  # sizes and targets interleaved within each rep: drift hits all alike
+        for T in sizes:
             for name, t in targets.items():
                 _sync(dev)
                 t0 = time.perf_counter()
-                tree_forward(t.model, caches[name], tree)
+                tree_forward(t.model, caches[name], trees[T])
                 _sync(dev)
                 if r >= 2:
-                    times[name].append((time.perf_counter() - t0) * 1e3)
+                    times[name][T].append((time.perf_counter() - t0) * 1e3)
                 caches[name].truncate(prefix)
-        for name in targets:
-            ms[name][T] = statistics.median(times[name])
+    ms = {name: {T: statistics.median(times[name][T]) for T in sizes} for name in targets}
 
     def table(m: dict) -> dict:
         return {"ms": {str(t): round(v, 2) for t, v in m.items()},
@@ -382,7 +382,7 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(4, 6, 8, 12
              for s in list(generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed))[1:]]
     per_step = {b: statistics.fmean(replay_budget(s.tree, s.path, b) + 1 for s in steps) for b in budgets}
     context = int(statistics.fmean(ids.numel() for ids in encoded)) + max_new // 2
-    verify_ms = verify_cost(target, (1, *budgets), prefix=context, reps=5)["ms"]
+    verify_ms = verify_cost(target, (1, *budgets), prefix=context, reps=10)["ms"]
     draft_ms = {}
     for b in tqdm(budgets, desc="auto tree: draft cost"):
         drafter.tree_budget = b
