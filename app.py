@@ -425,7 +425,9 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
                     tree_k = gr.Textbox(value="10" if on_gpu else "4", label="Top-k per depth",
                                         info="one number, or one per depth: 8,4,2")
-                    budget = gr.Slider(2, 128, value=60 if on_gpu else 16, step=1, label="Node budget",
+                    # CPU default near what `bench --tree auto` picks on a 2-core CPU (8-12 nodes):
+                    # there a tree forward costs 1.3-1.6 decode steps, so big trees lose to plain decoding
+                    budget = gr.Slider(2, 128, value=60 if on_gpu else 12, step=1, label="Node budget",
                                        info="tree nodes verified per step, root included")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
                 run_btn = gr.Button("Run", variant="primary", elem_id="run")
