@@ -154,3 +154,31 @@ def dynamic(root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torc
                      torch.cat([torch.tensor([-1], device=dev), kept_parents]),
                      torch.cat([torch.ones(1, device=dev), probs[keep].float()]),
                      torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths[keep]]))
+
+
+def merge(a: DraftTree, b: DraftTree, source: int = -1) -> DraftTree:
+    """The union of two trees with the same root, as a trie: a path of `b` that `a` already holds
+    adds nothing, the rest is appended below its deepest shared node. Siblings keep distinct tokens
+    (which greedy and sampling verification both need) and `a`'s nodes keep their indices. `b`'s
+    new nodes get `source` as their source, so a picture can tell the two drafters apart."""
+    if a.size and b.size and int(a.tokens[0]) != int(b.tokens[0]):
+        raise ValueError("trees to merge must share their root token")
+    tokens, parents = a.tokens.tolist(), a.parents.tolist()
+    probs, sources = a.draft_probs.tolist(), a.sources.tolist()
+    child = {(p, tok): i for i, (p, tok) in enumerate(zip(parents, tokens))}  # (parent, token) -> node
+    where = [0] * b.size  # b's node -> merged node
+    for j, (p, tok, pr) in enumerate(zip(b.parents.tolist()[1:], b.tokens.tolist()[1:], b.draft_probs.tolist()[1:]),
+                                     start=1):
+        key = (where[p], tok)
+        if key not in child:
+            child[key] = len(tokens)
+            tokens.append(tok)
+            parents.append(where[p])
+            probs.append(pr)
+            sources.append(source)
+        where[j] = child[key]
+    if len(tokens) == a.size:
+        return a
+    dev = a.device
+    return make_tree(torch.tensor(tokens, device=dev), torch.tensor(parents, device=dev),
+                     torch.tensor(probs, device=dev), torch.tensor(sources, device=dev))

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fasteagle.tree import DraftTree, backbone, chain, dynamic, make_tree, path_tree, root_only
+from fasteagle.tree import DraftTree, backbone, chain, dynamic, make_tree, merge, path_tree, root_only
 from tests.drafters import one_thread
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
@@ -309,3 +309,40 @@ def test_tree_building_is_tensor_ops(conversions, width):
     backbone(3, ids, probs, 10, 40)
     assert sum(conversions.values()) <= 6 + 3, conversions  # make_tree's per-level checks (depth 6) + O(1)
     assert mask.shape == (1, 1, n, 50 + n)
+
+
+# -- merge ----------------------------------------------------------------------------------------
+
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    """Every root-to-node token path (root excluded)."""
+    out = set()
+    for i in range(tree.size):
+        path, j = [], i
+        while j > 0:
+            path.append(int(tree.tokens[j]))
+            j = int(tree.parents[j])
+        out.add(tuple(path[::-1]))
+    return out
+
+
+def test_merge_is_the_union_of_paths_with_distinct_siblings():
+    a = make_tree(torch.tensor([7, 1, 2, 3, 4]), torch.tensor([-1, 0, 0, 1, 3]))  # 7 -> 1 -> 3 -> 4, 7 -> 2
+    b = chain(7, torch.tensor([1, 3, 5, 6]))  # shares 1 -> 3, then branches off
+    m = merge(a, b, source=-1)
+    assert _paths(m) == _paths(a) | _paths(b)
+    assert m.size == a.size + 2  # only 5 and 6 are new
+    assert m.tokens[:a.size].tolist() == a.tokens.tolist() and m.parents[:a.size].tolist() == a.parents.tolist()
+    assert m.sources[a.size:].tolist() == [-1, -1] and m.sources[:a.size].tolist() == a.sources.tolist()
+    for p in set(m.parents.tolist()):  # no two children of one parent hold the same token
+        kids = [int(t) for t, q in zip(m.tokens, m.parents) if int(q) == p]
+        assert len(kids) == len(set(kids))
+    assert (m.parents[1:] < torch.arange(1, m.size)).all()  # topological order
+    assert m.depths.tolist() == [0, 1, 1, 2, 3, 3, 4]
+
+
+def test_merge_of_a_subtree_or_a_root_changes_nothing():
+    a = backbone(9, torch.tensor([[3, 4], [5, 6]]), torch.tensor([[0.6, 0.3], [0.5, 0.2]]), 2, 10)
+    assert merge(a, root_only(9)) is a
+    assert merge(a, chain(9, torch.tensor([3, 5]))) is a
+    with pytest.raises(ValueError):
+        merge(a, root_only(8))

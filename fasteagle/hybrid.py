@@ -1,0 +1,48 @@
+"""A trained drafter's tree joined with prompt lookup's: each step verifies the union.
+
+The two guess differently: the cascade predicts from the target's features, lookup copies what
+followed the same words earlier in the context. A small model that repeats itself (and any model
+quoting its prompt or writing code) gives lookup long runs that no small drafter tree reaches,
+while the cascade covers fresh text. The union costs the lookup nodes only when lookup has a
+match, and greedy or sampling verification of any tree stays lossless.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fasteagle.lookup import LookupDrafter
+from fasteagle.tree import DraftTree, merge
+
+LOOKUP_SOURCE = -1  # the `sources` value of nodes only lookup proposed
+
+
+class WithLookup:
+    """Wraps a drafter (the cascade or the EAGLE-3-style one) and adds prompt lookup's branches."""
+
+    def __init__(self, drafter, lookup: LookupDrafter | None = None):
+        self.drafter = drafter
+        self.lookup = lookup or LookupDrafter()
+        self.feature_layers = tuple(drafter.feature_layers)
+
+    def __getattr__(self, name):  # tree_budget, tree_k, cfg, info, path...: the wrapped drafter's
+        if name in ("drafter", "lookup"):
+            raise AttributeError(name)
+        return getattr(self.drafter, name)
+
+    def __setattr__(self, name, value):
+        if name in ("drafter", "lookup", "feature_layers"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.drafter, name, value)
+
+    def reset(self, capacity: int) -> None:
+        self.drafter.reset(capacity)
+        self.lookup.reset(capacity)
+
+    def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
+        self.drafter.extend(tokens, features, next_token)
+        self.lookup.extend(tokens, None, next_token)
+
+    def draft(self, root: int) -> DraftTree:
+        return merge(self.drafter.draft(root), self.lookup.draft(root), LOOKUP_SOURCE)
