@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from fasteagle import packing
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, generate
+from fasteagle.hybrid import LOOKUP_SOURCE
 from fasteagle.kvcache import KVCache
 from fasteagle.target import Target, default_device, parse_dtype
 from fasteagle.tree import chain, path_tree
@@ -367,64 +368,116 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(4, 6, 8, 12
 
         tokens/s(B) = tokens per step(B) / (draft ms(B) + verify ms(B))
 
-    verify ms(B) is this device's cost of one target forward over B nodes (`verify_cost`), draft ms(B)
-    the drafter's measured step at budget B, and tokens per step(B) comes from the drafter's own
-    acceptance, replayed: one greedy decode at the largest budget records every tree and its accepted
-    path; the tree budget B would have drafted is the best B-1 of those nodes (`replay_budget`), and
-    greedy acceptance in it is the recorded path cut at its first missing node. One decode thus
-    scores every budget, with no run-to-run timing noise in the acceptance part.
+    verify ms(B) is this device's cost of one target forward over the tree B gives (`verify_cost`),
+    draft ms(B) the drafter's measured step at budget B, and tokens per step(B) comes from the
+    drafter's own acceptance, replayed: one greedy decode at the largest budget records every tree
+    and its accepted path; the tree budget B would have drafted is the best B-1 of those nodes
+    (`replay_budget`), and greedy acceptance in it is the recorded path cut at its first missing
+    node. One decode thus scores every budget, with no run-to-run timing noise in the acceptance part.
+
+    A drafter joined with prompt lookup (`fasteagle.hybrid.WithLookup`) is tuned the same way: B is
+    the budget of its own tree, lookup's nodes are in every budget's tree (lookup ignores B), and the
+    verify cost is that of the joined tree's size, interpolated between timed sizes.
     """
     budgets = sorted(set(budgets))
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     drafter.tree_budget = budgets[-1]
     time_one(target, encoded[0], "draft", drafter, 8, SamplingParams(), seed)  # warmup
-    steps = [s for ids in tqdm(encoded, desc="auto tree: replay decode")
-             for s in list(generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed))[1:]]
-    per_step = {b: statistics.fmean(replay_budget(s.tree, s.path, b) + 1 for s in steps) for b in budgets}
+    replayed = []  # (tree, path, lookup's token paths) per step
+    for ids in tqdm(encoded, desc="auto tree: replay decode"):
+        for s in list(_with_lookup_paths(generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed),
+                                         drafter))[1:]:
+            replayed.append(s)
+    outcomes = {b: [replay_budget(tree, path, b, lookup, sizes=True) for tree, path, lookup in replayed]
+                for b in budgets}
+    per_step = {b: statistics.fmean(n + 1 for n, _ in outcomes[b]) for b in budgets}
     context = int(statistics.fmean(ids.numel() for ids in encoded)) + max_new // 2
-    verify_ms = verify_cost(target, (1, *budgets), prefix=context, reps=10)["ms"]
+    biggest = max(size for b in budgets for _, size in outcomes[b])
+    sizes = sorted({1, *budgets, *(s for s in (2, 3, 5, 96, 128) if s <= biggest)} | {biggest})
+    timed = verify_cost(target, sizes, prefix=context, reps=10)["ms"]
+    verify_ms = {b: statistics.fmean(_interpolate(timed, size) for _, size in outcomes[b]) for b in budgets}
     draft_ms = {}
     for b in tqdm(budgets, desc="auto tree: draft cost"):
         drafter.tree_budget = b
         traces = list(generate(target, encoded[0], drafter=drafter, max_new_tokens=16, seed=seed))[1:]
         draft_ms[b] = statistics.median(t.draft_ms for t in traces)
-    rate = {b: 1e3 * per_step[b] / (draft_ms[b] + verify_ms[str(b)]) for b in budgets}
+    rate = {b: 1e3 * per_step[b] / (draft_ms[b] + verify_ms[b]) for b in budgets}
     best = max(rate, key=rate.get)
     drafter.tree_budget = best
-    vanilla = 1e3 / verify_ms["1"]
+    vanilla = 1e3 / timed["1"]
     return {"budget": best, "tokens_per_s": {str(b): round(v, 2) for b, v in rate.items()},
             "speedup_vs_decode_step": {str(b): round(v / vanilla, 3) for b, v in rate.items()},
             "tokens_per_step": {str(b): round(v, 3) for b, v in per_step.items()},
+            "tree_size": {str(b): round(statistics.fmean(s for _, s in outcomes[b]), 2) for b in budgets},
             "draft_ms": {str(b): round(v, 2) for b, v in draft_ms.items()},
-            "verify_ms": {str(b): verify_ms[str(b)] for b in budgets}, "decode_step_ms": verify_ms["1"],
-            "replayed_steps": len(steps), "context": context}
+            "verify_ms": {str(b): round(v, 2) for b, v in verify_ms.items()}, "decode_step_ms": timed["1"],
+            "replayed_steps": len(replayed), "context": context}
+
+
+def _with_lookup_paths(steps, drafter):
+    """(tree, path, token paths lookup proposed) per step of a decode; the last is empty unless the
+    drafter is joined with lookup, whose tree of the step is read as the step comes out."""
+    for s in steps:
+        last = getattr(drafter, "last_lookup", None) if s.tree else None
+        yield s.tree, s.path, token_paths(last.to_dict()) if last is not None else set()
+
+
+def node_paths(tree: dict) -> list[tuple[int, ...]]:
+    """Each node's root-to-node token path (root excluded, so the root's is empty) of a recorded tree."""
+    paths: list[tuple[int, ...]] = [()]
+    for i in range(1, len(tree["parents"])):
+        paths.append(paths[tree["parents"][i]] + (tree["tokens"][i],))
+    return paths
+
+
+def token_paths(tree: dict) -> set[tuple[int, ...]]:
+    return set(node_paths(tree)[1:])
+
+
+def _interpolate(ms: dict, size: int) -> float:
+    """Verify ms of a tree of `size` nodes from the timed sizes (linear between neighbours)."""
+    pts = sorted((int(k), v) for k, v in ms.items())
+    lo = max((p for p in pts if p[0] <= size), default=pts[0])
+    hi = min((p for p in pts if p[0] >= size), default=pts[-1])
+    if hi[0] == lo[0]:
+        return lo[1]
+    return lo[1] + (hi[1] - lo[1]) * (size - lo[0]) / (hi[0] - lo[0])
 
 
 def best_nodes(tree: dict, budget: int) -> list[int]:
     """The `budget`-1 non-root nodes of a recorded tree (`DraftTree.to_dict()`) with the highest path
-    probability, best first."""
+    probability, best first; nodes only prompt lookup proposed (source -1) are not the drafter's
+    and do not compete."""
     parents, probs = tree["parents"], tree["draft_probs"]
+    sources = tree.get("sources") or [0] * len(parents)
     logp = [0.0] * len(parents)
     for i in range(1, len(parents)):
         logp[i] = logp[parents[i]] + math.log(max(probs[i], 1e-30))
-    return sorted(range(1, len(parents)), key=lambda i: (-logp[i], i))[: max(budget - 1, 0)]
+    own = [i for i in range(1, len(parents)) if sources[i] != LOOKUP_SOURCE]
+    return sorted(own, key=lambda i: (-logp[i], i))[: max(budget - 1, 0)]
 
 
-def replay_budget(tree: dict, path: list[int], budget: int) -> int:
+def replay_budget(tree: dict, path: list[int], budget: int, lookup: set[tuple[int, ...]] = frozenset(),
+                  sizes: bool = False):
     """Draft tokens greedy verification would have accepted had the drafter been given `budget`
     nodes (root included) instead of the recorded tree: both tree builders keep the candidates with
     the highest path probability (product of draft probabilities from the root), so the smaller tree
     is the recorded one's best budget-1 nodes, closed under ancestors (a child never outranks its
     parent; ties go to the earlier node, i.e. the parent). Greedy acceptance does not depend on which
     other nodes are in the tree, so the accepted path is the recorded one up to its first dropped node.
+
+    `lookup`: the token paths prompt lookup added that step (present at every budget). With
+    `sizes`, returns (accepted, nodes in that budget's tree).
     """
     kept = set(best_nodes(tree, budget))
+    if lookup:
+        kept |= {i for i, p in enumerate(node_paths(tree)) if i and p in lookup}
     n = 0
     for node in path[1:]:
         if node not in kept:
             break
         n += 1
-    return n
+    return (n, len(kept) + 1) if sizes else n
 
 
 # Layer shapes for `draft_step_cost` (random weights: only the timing matters). EAGLE-3 drafts

@@ -12,6 +12,8 @@ from fasteagle.errors import FastEagleError
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
 DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
+# a trained drafter "+lookup" verifies its tree joined with prompt lookup's (fasteagle.hybrid)
+METHODS = ("vanilla", "lookup", "fasteagle", "eagle3", "fasteagle+lookup", "eagle3+lookup")
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -44,6 +46,10 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         from fasteagle.lookup import LookupDrafter
 
         return LookupDrafter()
+    if method in ("fasteagle+lookup", "eagle3+lookup"):
+        from fasteagle.hybrid import WithLookup
+
+        return WithLookup(make_drafter(method.removesuffix("+lookup"), target, args, path))
     if method in ("fasteagle", "eagle3"):
         from fasteagle.drafter import CascadedDrafter
         from fasteagle.eagle3 import AutoregressiveDrafter
@@ -56,7 +62,7 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         d.tree_budget = args.tree_budget
         return d
-    raise FastEagleError(f"unknown method {method!r}; choose vanilla, lookup, fasteagle or eagle3")
+    raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
 def cmd_generate(args) -> int:
@@ -160,12 +166,12 @@ def cmd_bench(args) -> int:
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "tree_k": args.tree_k, "tree_budget": args.tree_budget, "dtype": str(target.dtype),
                 "packed_linears": target.packed,
-                "drafters": {m: bench.drafter_summary(d) for m, d in methods.items() if hasattr(d, "info")}}
+                "drafters": _drafter_summaries(methods)}
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}
-        for m in ("fasteagle", "eagle3"):
-            if methods.get(m) is not None:
-                choice = bench.auto_tree(target, methods[m], prompts[:3])
+        for m, d in methods.items():
+            if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
+                choice = bench.auto_tree(target, d, prompts[:3])
                 settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
     rows = bench.compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
                          args.seed)
@@ -181,13 +187,25 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _drafter_summaries(methods: dict) -> dict:
+    """The trained drafters a run timed, each once (`fasteagle+lookup` reuses fasteagle's weights)."""
+    from fasteagle import bench
+
+    out, seen = {}, set()
+    for m, d in methods.items():
+        if hasattr(d, "info") and d.path not in seen:
+            seen.add(d.path)
+            out[m] = bench.drafter_summary(d)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fasteagle", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="decode one prompt, streaming the reply")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--method", default="vanilla", choices=["vanilla", "lookup", "fasteagle", "eagle3"])
+    g.add_argument("--method", default="vanilla", choices=METHODS)
     g.add_argument("--show-steps", action="store_true", help="print each step's tree size and accepted tokens")
     _add_target_args(g)
     _add_method_args(g)
@@ -238,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare decoding methods on prompt sets (tokens/s, speedup, tau, lossless)")
     b.add_argument("--prompts", default=None, help="JSON-lines prompt file(s), comma separated")
     b.add_argument("--methods", default="vanilla,hf-generate,hf-prompt-lookup,lookup,fasteagle",
-                   help="comma list of: vanilla, hf-generate, hf-prompt-lookup, lookup, fasteagle, eagle3")
+                   help="comma list of: hf-generate, hf-prompt-lookup, " + ", ".join(METHODS))
     b.add_argument("--limit", type=int, default=None, help="prompts per file")
     b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")
     b.add_argument("--tree", choices=["fixed", "auto"], default="fixed",

@@ -15,6 +15,7 @@ from fasteagle.lookup import LookupDrafter
 from fasteagle.tree import DraftTree, merge
 
 LOOKUP_SOURCE = -1  # the `sources` value of nodes only lookup proposed
+_OWN = ("drafter", "lookup", "feature_layers", "last_lookup")  # attributes of the wrapper itself
 
 
 class WithLookup:
@@ -24,14 +25,15 @@ class WithLookup:
         self.drafter = drafter
         self.lookup = lookup or LookupDrafter()
         self.feature_layers = tuple(drafter.feature_layers)
+        self.last_lookup: DraftTree | None = None
 
     def __getattr__(self, name):  # tree_budget, tree_k, cfg, info, path...: the wrapped drafter's
-        if name in ("drafter", "lookup"):
+        if name in _OWN:  # not set yet (during __init__)
             raise AttributeError(name)
         return getattr(self.drafter, name)
 
     def __setattr__(self, name, value):
-        if name in ("drafter", "lookup", "feature_layers"):
+        if name in _OWN:
             object.__setattr__(self, name, value)
         else:
             setattr(self.drafter, name, value)
@@ -45,4 +47,5 @@ class WithLookup:
         self.lookup.extend(tokens, None, next_token)
 
     def draft(self, root: int) -> DraftTree:
-        return merge(self.drafter.draft(root), self.lookup.draft(root), LOOKUP_SOURCE)
+        self.last_lookup = self.lookup.draft(root)  # kept for `bench.auto_tree`'s replay
+        return merge(self.drafter.draft(root), self.last_lookup, LOOKUP_SOURCE)

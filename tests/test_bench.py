@@ -132,6 +132,40 @@ def test_replay_keeps_the_best_nodes_and_cuts_the_accepted_path_at_the_first_dro
     assert bench.replay_budget(tree, [0], 6) == 0
 
 
+def test_replay_keeps_what_prompt_lookup_proposed_at_every_budget():
+    # the drafter's nodes 1, 2 (under the root) and 3 (under 1); lookup proposed 1 -> 4 and 5 -> 6,
+    # so 4, 5 and 6 are lookup's own nodes (source -1) and 1 is both drafters' guess
+    tree = {"tokens": [9, 10, 11, 12, 13, 14, 15], "parents": [-1, 0, 0, 1, 1, 0, 5],
+            "draft_probs": [1.0, 0.5, 0.3, 0.9, 1.0, 1.0, 1.0], "sources": [0, 1, 1, 2, -1, -1, -1]}
+    lookup = bench.token_paths({"tokens": [9, 10, 13, 14, 15], "parents": [-1, 0, 1, 0, 3]})
+    assert lookup == {(10,), (10, 13), (14,), (14, 15)}
+    assert bench.best_nodes(tree, 10) == [1, 3, 2]  # lookup's nodes never compete for the budget
+    # the path through lookup's 1 -> 4 is kept at every budget, even where the drafter keeps nothing
+    assert [bench.replay_budget(tree, [0, 1, 4], b, lookup, sizes=True) for b in (1, 2, 4)] == [(2, 5), (2, 5), (2, 7)]
+    assert [bench.replay_budget(tree, [0, 1, 3], b, lookup) for b in (1, 2, 3)] == [1, 1, 2]
+    assert bench.replay_budget(tree, [0, 2], 3, lookup, sizes=True) == (0, 6)  # 1, 3, 4, 5, 6 and the root
+
+
+def test_auto_tree_tunes_a_drafter_joined_with_lookup(tiny):
+    from fasteagle.hybrid import WithLookup
+
+    torch.manual_seed(0)
+    inner = CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, intermediate=64))
+    d = WithLookup(inner.attach(tiny.model).eval())
+    choice = bench.auto_tree(tiny, d, PROMPTS[:1], budgets=(8, 4), max_new=24)
+    assert choice["budget"] == inner.tree_budget == d.tree_budget
+    sizes = choice["tree_size"]
+    assert 1 <= sizes["4"] <= sizes["8"] and choice["replayed_steps"] > 0
+    for b in ("4", "8"):
+        expected = 1e3 * choice["tokens_per_step"][b] / (choice["draft_ms"][b] + choice["verify_ms"][b])
+        assert choice["tokens_per_s"][b] == pytest.approx(expected, rel=0.01)
+
+
+def test_interpolated_verify_cost():
+    ms = {"1": 10.0, "4": 16.0, "8": 20.0}
+    assert [bench._interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
+
+
 @pytest.mark.parametrize("kind", ["fasteagle", "eagle3"])
 def test_a_smaller_budget_drafts_the_best_nodes_of_a_bigger_tree(tiny, kind):
     """What replay assumes of both tree builders: from the same state, budget B drafts exactly the

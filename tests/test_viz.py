@@ -16,6 +16,9 @@ from viz.tree import (
     ACCEPTED_PATH,
     BONUS_NAME,
     LABEL_HEIGHT_PX,
+    LOOKUP_NAME,
+    LOOKUP_SOURCE,
+    LOOKUP_SYMBOL,
     MARKER_PX,
     NEVER_REACHED,
     REJECTED,
@@ -134,6 +137,23 @@ def test_nodes_are_coloured_by_verdict_with_hover_details():
     assert sorted(seen) == list(range(len(step["status"])))
     assert len({VERDICT_COLORS[v] for v in VERDICTS}) == 3
     assert list(by_name[VERDICTS[ACCEPTED]].text) == ["The", "␣cat", "␣sat"]  # whitespace made visible
+
+
+def test_nodes_from_prompt_lookup_are_marked():
+    from fasteagle.hybrid import LOOKUP_SOURCE as ENGINE_LOOKUP_SOURCE
+
+    assert LOOKUP_SOURCE == ENGINE_LOOKUP_SOURCE  # viz does not import the engine, so keep them equal here
+    step = backbone_step()
+    assert LOOKUP_NAME not in _node_traces(tree_figure(step, decode))  # no lookup node, no legend entry
+    step["tree"]["sources"] = [0, 1, 1, 2, 2, LOOKUP_SOURCE, LOOKUP_SOURCE, 3]  # nodes 5 and 6 came from lookup
+    fig = tree_figure(step, decode)
+    assert LOOKUP_NAME in _node_traces(fig)
+    for t in fig.data:
+        if t.name in VERDICTS.values() and t.customdata is not None:
+            for c, symbol in zip(t.customdata, t.marker.symbol):
+                from_lookup = int(c[0]) in (5, 6)
+                assert (symbol == LOOKUP_SYMBOL) == from_lookup
+                assert (c[5] == LOOKUP_NAME) == from_lookup and (from_lookup or c[5].startswith("drafter layer"))
 
 
 def test_bonus_token_drawn_only_when_the_step_ends_with_one():

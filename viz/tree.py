@@ -31,6 +31,9 @@ BONUS_NAME = "bonus token"
 LABEL_FONT_PX = 12  # label font size
 LABEL_HEIGHT_PX = 16  # one line of LABEL_FONT_PX text, line spacing included
 MARKER_PX = 12
+LOOKUP_SOURCE = -1  # `sources` of nodes only prompt lookup proposed (fasteagle.hybrid.LOOKUP_SOURCE)
+LOOKUP_SYMBOL = "diamond"  # their marker; drafter nodes are circles
+LOOKUP_NAME = "from prompt lookup"
 ROW_PX = 40  # >= LABEL_HEIGHT_PX + MARKER_PX: a label sits above its marker
 MARGIN = {"l": 30, "r": 30, "t": 44, "b": 84}  # bottom: the depth axis, then the legend
 MIN_HEIGHT = 260
@@ -100,6 +103,10 @@ def _bonus_token(step: Mapping) -> int | None:
     return int(toks[-1]) if toks and depths and int(depths[-1]) == 0 else None
 
 
+def _source_text(source: int) -> str:
+    return LOOKUP_NAME if source == LOOKUP_SOURCE else f"drafter layer {source}"
+
+
 def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], title: str | None = None) -> go.Figure:
     """Plotly figure of one `StepTrace.to_dict()`: nodes coloured by verdict, the accepted path as
     one line trace, hover with token id, depth, draft and target probabilities."""
@@ -143,14 +150,18 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
             x=[lay.x[i] for i in idx], y=[lay.y[i] for i in idx], mode="markers+text", name=VERDICTS[verdict],
             text=[labels[i] for i in idx], textposition="top center",
             textfont={"size": LABEL_FONT_PX, "family": "monospace"},
-            marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1}},
-            customdata=[[i, tokens[i], int(lay.x[i]), dprobs[i], tprobs[i], sources[i], repr(texts[i])]
-                        for i in idx],
+            marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
+                    "symbol": [LOOKUP_SYMBOL if sources[i] == LOOKUP_SOURCE else "circle" for i in idx]},
+            customdata=[[i, tokens[i], int(lay.x[i]), dprobs[i], tprobs[i], _source_text(sources[i]),
+                         repr(texts[i])] for i in idx],
             hovertemplate=("node %{customdata[0]}: %{customdata[6]}<br>token id %{customdata[1]}<br>"
-                           "depth %{customdata[2]} (drafter layer %{customdata[5]})<br>"
+                           "depth %{customdata[2]} (%{customdata[5]})<br>"
                            "draft p %{customdata[3]:.3f}<br>target p %{customdata[4]:.3f}<br>"
                            f"{VERDICTS[verdict]}<extra></extra>"),
         ))
+    if LOOKUP_SOURCE in sources:  # legend entry for the marker shape of lookup's nodes
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=LOOKUP_NAME, hoverinfo="skip",
+                                 marker={"size": MARKER_PX, "color": "#777777", "symbol": LOOKUP_SYMBOL}))
     if lay.bonus is not None:
         b, p = lay.bonus, path[-1]
         btext = label_of(bonus_tok)
