@@ -62,7 +62,8 @@ exactly the output it would produce alone.
 1. **Drafter.** A cheap model guesses the next few tokens. *FastEagle*'s drafter is a cascade of
    small layers that reads the target's hidden states and emits a guess for every depth 1..N in
    **one** pass (EAGLE-style drafters need one pass per depth). *Lookup* copies what followed the
-   same words earlier in the prompt or reply (no training at all).
+   same words earlier in the prompt or reply (no training at all). *FastEagle + lookup* verifies
+   both guesses at once: lookup's branches (diamonds in the tree) join the cascade's tree.
 2. **Tree.** Instead of one guess per depth the drafter proposes a small **tree**: the most likely
    token continues the backbone, runners-up become side branches. *top-k per depth* and the
    *node budget* bound its size.
@@ -123,8 +124,21 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
         MethodSpec("EAGLE-3", "eagle3", e3, _has_weights(e3),
                    f"no EAGLE-3 drafter at `{e3_s}`: train one with `python -m fasteagle train --drafter eagle3 "
                    f"--out {e3_s}` (or set FASTEAGLE_EAGLE3_DRAFTER)."),
+        MethodSpec("FastEagle + lookup", "fasteagle+lookup", fe, _has_weights(fe),
+                   f"no FastEagle drafter at `{fe_s}` to join with lookup."),
         MethodSpec("lookup", "lookup", None, True),
     ]
+
+
+# Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
+# (bench/results/cpu-smollm2-135m-auto-tree-*.json): there a tree forward costs 1.1-1.6 decode steps,
+# so big trees lose to plain decoding. GPUs verify ~60 nodes for about the price of one.
+CPU_BUDGETS = {"fasteagle": 6, "eagle3": 4, "fasteagle+lookup": 4, "eagle3+lookup": 4}
+GPU_BUDGET = 60
+
+
+def default_budget(method_key: str, on_gpu: bool) -> int:
+    return GPU_BUDGET if on_gpu else CPU_BUDGETS.get(method_key, 8)
 
 
 def prompt_examples(limit_per_file: int = 3, max_chars: int = 400) -> list[str]:
@@ -279,7 +293,7 @@ class Engine:
         d = self._drafters[key]
         ks = [int(x) for x in req.tree_k.split(",")]
         if hasattr(d, "tree_k"):  # one k per depth for FastEagle; EAGLE-3's dynamic tree takes one k
-            d.tree_k = ks[0] if len(ks) == 1 or m.key == "eagle3" else ks
+            d.tree_k = ks[0] if len(ks) == 1 or m.key.startswith("eagle3") else ks
         if hasattr(d, "tree_budget"):
             d.tree_budget = req.tree_budget
         return d
@@ -425,10 +439,10 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
                     tree_k = gr.Textbox(value="10" if on_gpu else "4", label="Top-k per depth",
                                         info="one number, or one per depth: 8,4,2")
-                    # CPU default near what `bench --tree auto` picks on a 2-core CPU (8-12 nodes):
-                    # there a tree forward costs 1.3-1.6 decode steps, so big trees lose to plain decoding
-                    budget = gr.Slider(2, 128, value=60 if on_gpu else 12, step=1, label="Node budget",
-                                       info="tree nodes verified per step, root included")
+                    budget = gr.Slider(2, 128, value=default_budget(engine.available[0].key, on_gpu), step=1,
+                                       label="Node budget", elem_id="budget",
+                                       info="tree nodes the drafter verifies per step, root included "
+                                            "(lookup's branches come on top)")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
                 run_btn = gr.Button("Run", variant="primary", elem_id="run")
             with gr.Column(scale=3):
@@ -615,6 +629,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 gr.Warning(f"cannot replay this file: {type(exc).__name__}")
             return {c: gr.skip() for c in all_outputs}
 
+        method.change(lambda label: default_budget(engine.method(label).key, on_gpu), method, budget,
+                      api_name=False)
         run_btn.click(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed], all_outputs,
                       api_name="run", concurrency_limit=1, concurrency_id="decode")
         prompt.submit(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed], all_outputs,

@@ -213,7 +213,7 @@ def test_trained_drafters_are_offered_and_draw_trees(tiny, tmp_path):
     AutoregressiveDrafter(AutoregressiveDrafter.config_for(DrafterConfig.for_target(tiny.model, tiny.name, **base),
                                                            depth=3)).save(tmp_path / "e3")
     demo = app.build_app(tiny, drafter_dir=tmp_path / "fe", eagle3_dir=tmp_path / "e3")
-    assert [m.label for m in app.ENGINE.available] == ["FastEagle", "EAGLE-3", "lookup"]
+    assert [m.label for m in app.ENGINE.available] == ["FastEagle", "EAGLE-3", "FastEagle + lookup", "lookup"]
     with served(demo) as client:
         for method, k in (("FastEagle", "3,2,1"), ("EAGLE-3", "3")):
             res = call_run(client, "w9 w10 w11 w12", method=method, max_new=10, tree_k=k, budget=6)
@@ -221,6 +221,12 @@ def test_trained_drafters_are_offered_and_draw_trees(tiny, tmp_path):
             assert run["meta"]["method"] == method
             trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
             assert trees and all(1 < len(t["tokens"]) <= 6 for t in trees)
+        # the cascade's tree stays within the budget; lookup's branches come on top, marked as lookup's
+        res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", method="FastEagle + lookup", max_new=16, budget=3)
+        run = check_complete_run(res, 16)
+        trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
+        assert all(sum(s != -1 for s in t["sources"]) <= 3 for t in trees)
+        assert any(-1 in t["sources"] for t in trees)
 
 
 # -- the real default model -------------------------------------------------------------------------
