@@ -362,7 +362,7 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
     return doc
 
 
-def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(4, 6, 8, 12, 16, 24, 32, 48, 64),
+def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
               max_new: int = 64, seed: int = 0) -> dict:
     """Pick the tree budget B that maximises expected tokens/s on this device, and set it:
 
@@ -383,11 +383,10 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(4, 6, 8, 12
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     drafter.tree_budget = budgets[-1]
     time_one(target, encoded[0], "draft", drafter, 8, SamplingParams(), seed)  # warmup
-    replayed = []  # (tree, path, lookup's token paths) per step
+    replayed = []  # (tree, path, lookup's token paths) per step, the prefill left out
     for ids in tqdm(encoded, desc="auto tree: replay decode"):
-        for s in list(_with_lookup_paths(generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed),
-                                         drafter))[1:]:
-            replayed.append(s)
+        decode = generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed)
+        replayed += list(_with_lookup_paths(decode, drafter))[1:]
     outcomes = {b: [replay_budget(tree, path, b, lookup, sizes=True) for tree, path, lookup in replayed]
                 for b in budgets}
     per_step = {b: statistics.fmean(n + 1 for n, _ in outcomes[b]) for b in budgets}

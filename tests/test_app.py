@@ -229,6 +229,14 @@ def test_trained_drafters_are_offered_and_draw_trees(tiny, tmp_path):
         assert any(-1 in t["sources"] for t in trees)
 
 
+def test_node_budget_default_follows_the_method():
+    """On a CPU each method starts at the budget `bench --tree auto` picked for it; on a GPU at ~60."""
+    assert app.default_budget("fasteagle", on_gpu=False) == app.CPU_BUDGETS["fasteagle"]
+    assert app.default_budget("fasteagle+lookup", on_gpu=False) == app.CPU_BUDGETS["fasteagle+lookup"]
+    assert all(2 <= b <= 16 for b in app.CPU_BUDGETS.values())
+    assert app.default_budget("eagle3", on_gpu=True) == app.GPU_BUDGET == 60
+
+
 # -- the real default model -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def random_drafter(smollm, tmp_path_factory) -> Path:

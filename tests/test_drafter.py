@@ -184,3 +184,31 @@ def test_untrained_cascade_is_lossless(tiny, k, budget):
     got, traces = run(tiny, ids, drafter=d, max_new_tokens=30)
     assert got == want
     assert max(len(t.tree["tokens"]) for t in traces[1:]) <= budget
+
+
+SHIPPED_PROMPTS = ["Explain what a hash table is to a beginner.",
+                   "Write a Python function that checks whether a string is a palindrome.",
+                   "Give me three tips for learning a new language."]
+
+
+@pytest.mark.integration
+def test_shipped_drafter_is_lossless_and_accepts_on_the_default_model(smollm):
+    """The trained drafter in assets/ (and joined with lookup) on the real target: greedy fp32
+    output equals vanilla token for token, and training shows (an untrained cascade accepts ~nothing)."""
+    from types import SimpleNamespace
+
+    from fasteagle.cli import make_drafter
+    from fasteagle.generate import chat_prompt_ids
+
+    args = SimpleNamespace(tree_k="10", tree_budget=6, drafter=None, eagle3_drafter=None)
+    drafters = {m: make_drafter(m, smollm, args) for m in ("fasteagle", "fasteagle+lookup")}
+    taus = {m: [] for m in drafters}
+    for prompt in SHIPPED_PROMPTS:
+        ids = chat_prompt_ids(smollm, prompt)
+        want, _ = run(smollm, ids, max_new_tokens=40)
+        for m, d in drafters.items():
+            got, traces = run(smollm, ids, drafter=d, max_new_tokens=40)
+            assert got == want, f"{m} differs from vanilla on {prompt!r}"
+            taus[m].append(traces[-1].tau)
+    mean = {m: sum(v) / len(v) for m, v in taus.items()}
+    assert mean["fasteagle"] > 1.3 and mean["fasteagle+lookup"] > 1.3, mean
