@@ -45,7 +45,8 @@ def app_url(smollm):
     port = _free_port()
     app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     methods = [m.label for m in app.ENGINE.available]
-    yield f"http://127.0.0.1:{port}/", ("FastEagle" if "FastEagle" in methods else "lookup")
+    # the joined method when the trained drafter ships: its trees hold both kinds of node
+    yield f"http://127.0.0.1:{port}/", next(m for m in ("FastEagle + lookup", "FastEagle", "lookup") if m in methods)
     demo.close()
 
 
@@ -91,6 +92,14 @@ def test_run_and_replay_in_a_browser(app_url, page):
     page.goto(url, wait_until="load")
     page.locator("#prompt textarea").fill(PROMPT)
     page.locator("#method label", has_text=method).first.click()
+    if method != "lookup":  # the node budget follows the method
+        import app
+
+        want = str(app.default_budget(app.ENGINE.method(method).key, on_gpu=False))
+        page.get_by_text("Tree settings").first.click()  # open the accordion, as a person would to look
+        page.wait_for_selector("#budget input[type=number]")
+        page.wait_for_function("(v) => document.querySelector('#budget input[type=number]').value === v", arg=want,
+                               timeout=20_000)
     num = page.locator("#max-new input[type=number]")
     num.fill(str(MAX_NEW))
     num.press("Enter")
@@ -134,6 +143,8 @@ def test_run_and_replay_in_a_browser(app_url, page):
     # The downloaded trace; pick the step that accepted the most drafts for the screenshot.
     traces_ = run["sides"]["speculative"]["traces"]
     assert run["format"] == "fasteagle-trace" and len(traces_) > 2
+    if "lookup" in method:  # the prompt repeats itself: lookup's branches were drafted and drawn as such
+        assert any(-1 in t["tree"]["sources"] for t in traces_[1:])
     best = max(range(1, len(traces_)), key=lambda i: (len(traces_[i]["path"]), len(traces_[i]["tree"]["tokens"])))
 
     # Replay: the slider moves the tree to another step without decoding again.
