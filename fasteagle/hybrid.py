@@ -23,7 +23,8 @@ class WithLookup:
 
     def __init__(self, drafter, lookup: LookupDrafter | None = None):
         self.drafter = drafter
-        self.lookup = lookup or LookupDrafter()
+        # the cascade covers the weak guesses a one-token match would give: lookup drafts after 2+ tokens
+        self.lookup = lookup or LookupDrafter(min_ngram=2)
         self.feature_layers = tuple(drafter.feature_layers)
         self.last_lookup: DraftTree | None = None
 

@@ -3,6 +3,9 @@
 It proposes the tokens that followed the most recent earlier occurrence of the current suffix.
 With several earlier occurrences that continue differently it drafts a small tree: one branch per
 distinct continuation. Repetitive text (code, quoting the prompt) gets real acceptances.
+
+How far it drafts follows the evidence: after an n-token match at most 2**n tokens (a one-token
+match is a weak guess, and every drafted node costs verify time), up to `depth`.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from fasteagle.tree import DraftTree, make_tree, root_only
 class LookupDrafter:
     feature_layers: tuple[int, ...] = ()
 
-    def __init__(self, max_ngram: int = 3, depth: int = 8, branches: int = 2):
-        self.max_ngram, self.depth, self.branches = max_ngram, depth, branches
+    def __init__(self, max_ngram: int = 3, depth: int = 8, branches: int = 2, min_ngram: int = 1):
+        self.max_ngram, self.depth, self.branches, self.min_ngram = max_ngram, depth, branches, min_ngram
         self.history: list[int] = []
         self.device = torch.device("cpu")
 
@@ -29,12 +32,13 @@ class LookupDrafter:
 
     def _continuations(self, seq: list[int]) -> list[list[int]]:
         """Distinct continuations after earlier matches of the longest matching suffix, newest first."""
-        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             suffix = seq[-n:]
+            length = min(self.depth, 2 ** n)
             found: list[list[int]] = []
             for start in range(len(seq) - n - 1, -1, -1):
                 if seq[start:start + n] == suffix:
-                    cont = seq[start + n:start + n + self.depth]
+                    cont = seq[start + n:start + n + length]
                     if cont and all(c[0] != cont[0] for c in found):
                         found.append(cont)
                         if len(found) == self.branches:

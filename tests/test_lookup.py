@@ -54,20 +54,29 @@ def test_longest_suffix_wins():
 
 def test_branches_newest_first_with_distinct_first_tokens():
     toks, parents = drafted([4, 10, 4, 11], 4)
-    assert toks == [4, 11, 4, 10, 4, 11, 4] and parents == [-1, 0, 1, 0, 3, 4, 5]
+    assert toks == [4, 11, 4, 10, 4] and parents == [-1, 0, 1, 0, 3]  # one-token match: 2 tokens a branch
     # an older occurrence whose continuation starts like a newer one adds no branch
     toks, parents = drafted([4, 10, 5, 4, 10, 6], 4)
-    assert branches(toks, parents) == [[10, 6, 4]]
+    assert branches(toks, parents) == [[10, 6]]
 
 
 def test_depth_and_branch_limits():
     history = [4, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 4, 30, 31, 4, 40, 41, 4, 50]
-    toks, parents = drafted(history, 4, depth=3, branches=2)
-    assert branches(toks, parents) == [[50, 4], [40, 41, 4]]
-    toks, parents = drafted(history, 4, depth=8, branches=10)
-    assert branches(toks, parents) == [
-        [50, 4], [40, 41, 4, 50, 4], [30, 31, 4, 40, 41, 4, 50, 4], [20, 21, 22, 23, 24, 25, 26, 27]]
-    assert max(len(b) for b in branches(*drafted(history, 4, depth=2, branches=10))) == 2
+    toks, parents = drafted(history, 4, depth=8, branches=10)  # a one-token match drafts 2 tokens a branch
+    assert branches(toks, parents) == [[50, 4], [40, 41], [30, 31], [20, 21]]
+    assert branches(*drafted(history, 4, depth=8, branches=2)) == [[50, 4], [40, 41]]
+    assert max(len(b) for b in branches(*drafted(history, 4, depth=1, branches=10))) == 1
+
+
+def test_longer_matches_draft_further():
+    """After an n-token match at most 2**n tokens (up to `depth`); `min_ngram` drops short matches."""
+    base = [1, 2, 3] + list(range(20, 40))
+    assert branches(*drafted(base + [1, 2], 3, depth=16)) == [list(range(20, 28))]  # 3-token match: 8
+    assert branches(*drafted(base + [1, 2], 3, depth=5)) == [list(range(20, 25))]
+    assert branches(*drafted(base + [5, 2], 3, depth=16)) == [[20, 21, 22, 23]]  # 2-token match: 4
+    assert branches(*drafted(base + [5, 6], 3, depth=16)) == [[20, 21]]  # 1-token match: 2
+    assert drafted(base + [5, 6], 3, min_ngram=2) == ([3], [-1])
+    assert branches(*drafted(base + [5, 2], 3, min_ngram=2)) == [[20, 21, 22, 23]]
 
 
 def test_reset_and_extend():
