@@ -383,7 +383,7 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 6,
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     drafter.tree_budget = budgets[-1]
     time_one(target, encoded[0], "draft", drafter, 8, SamplingParams(), seed)  # warmup
-    replayed = []  # (tree, path, lookup's token paths) per step, the prefill left out
+    replayed = []  # (tree, path, the nodes lookup proposed) per step, the prefill left out
     for ids in tqdm(encoded, desc="auto tree: replay decode"):
         decode = generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed)
         replayed += list(_with_lookup_paths(decode, drafter))[1:]
@@ -414,11 +414,17 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 6,
 
 
 def _with_lookup_paths(steps, drafter):
-    """(tree, path, token paths lookup proposed) per step of a decode; the last is empty unless the
+    """(tree, path, nodes lookup proposed) per step of a decode; the last is empty unless the
     drafter is joined with lookup, whose tree of the step is read as the step comes out."""
     for s in steps:
         last = getattr(drafter, "last_lookup", None) if s.tree else None
-        yield s.tree, s.path, token_paths(last.to_dict()) if last is not None else set()
+        yield s.tree, s.path, lookup_nodes(s.tree, last.to_dict()) if last is not None else set()
+
+
+def lookup_nodes(tree: dict, lookup_tree: dict) -> set[int]:
+    """The non-root nodes of a recorded (joined) tree whose token path lookup's tree holds."""
+    proposed = token_paths(lookup_tree)
+    return {i for i, p in enumerate(node_paths(tree)) if i and p in proposed}
 
 
 def node_paths(tree: dict) -> list[tuple[int, ...]]:
@@ -456,8 +462,7 @@ def best_nodes(tree: dict, budget: int) -> list[int]:
     return sorted(own, key=lambda i: (-logp[i], i))[: max(budget - 1, 0)]
 
 
-def replay_budget(tree: dict, path: list[int], budget: int, lookup: set[tuple[int, ...]] = frozenset(),
-                  sizes: bool = False):
+def replay_budget(tree: dict, path: list[int], budget: int, lookup: set[int] = frozenset(), sizes: bool = False):
     """Draft tokens greedy verification would have accepted had the drafter been given `budget`
     nodes (root included) instead of the recorded tree: both tree builders keep the candidates with
     the highest path probability (product of draft probabilities from the root), so the smaller tree
@@ -465,12 +470,10 @@ def replay_budget(tree: dict, path: list[int], budget: int, lookup: set[tuple[in
     parent; ties go to the earlier node, i.e. the parent). Greedy acceptance does not depend on which
     other nodes are in the tree, so the accepted path is the recorded one up to its first dropped node.
 
-    `lookup`: the token paths prompt lookup added that step (present at every budget). With
-    `sizes`, returns (accepted, nodes in that budget's tree).
+    `lookup`: the nodes prompt lookup proposed that step (`lookup_nodes`: present at every budget).
+    With `sizes`, returns (accepted, nodes in that budget's tree).
     """
-    kept = set(best_nodes(tree, budget))
-    if lookup:
-        kept |= {i for i, p in enumerate(node_paths(tree)) if i and p in lookup}
+    kept = set(best_nodes(tree, budget)) | lookup
     n = 0
     for node in path[1:]:
         if node not in kept:

@@ -137,8 +137,10 @@ def test_replay_keeps_what_prompt_lookup_proposed_at_every_budget():
     # so 4, 5 and 6 are lookup's own nodes (source -1) and 1 is both drafters' guess
     tree = {"tokens": [9, 10, 11, 12, 13, 14, 15], "parents": [-1, 0, 0, 1, 1, 0, 5],
             "draft_probs": [1.0, 0.5, 0.3, 0.9, 1.0, 1.0, 1.0], "sources": [0, 1, 1, 2, -1, -1, -1]}
-    lookup = bench.token_paths({"tokens": [9, 10, 13, 14, 15], "parents": [-1, 0, 1, 0, 3]})
-    assert lookup == {(10,), (10, 13), (14,), (14, 15)}
+    lookup_tree = {"tokens": [9, 10, 13, 14, 15], "parents": [-1, 0, 1, 0, 3]}
+    assert bench.token_paths(lookup_tree) == {(10,), (10, 13), (14,), (14, 15)}
+    lookup = bench.lookup_nodes(tree, lookup_tree)
+    assert lookup == {1, 4, 5, 6}
     assert bench.best_nodes(tree, 10) == [1, 3, 2]  # lookup's nodes never compete for the budget
     # the path through lookup's 1 -> 4 is kept at every budget, even where the drafter keeps nothing
     assert [bench.replay_budget(tree, [0, 1, 4], b, lookup, sizes=True) for b in (1, 2, 4)] == [(2, 5), (2, 5), (2, 7)]
