@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", dest="max_steps", type=int, default=None)
     t.add_argument("--minutes", type=float, default=None, help="stop training after this wall time")
     t.add_argument("--limit", type=int, default=None, help="at most this many training conversations")
+    t.add_argument("--skip", type=int, default=None,
+                   help="pass over the first this many conversations (an earlier --limit run used them)")
     t.set_defaults(func=cmd_train)
 
     b = sub.add_parser("bench", help="compare decoding methods on prompt sets (tokens/s, speedup, tau, lossless)")

@@ -285,6 +285,7 @@ def build_token_dataset(
     min_assistant_tokens: int = 8,
     path: str | Path | None = None,
     english_only: bool = False,
+    skip: int = 0,
 ) -> dict[str, list]:
     """Tokenise the conversations of one split of ShareGPT (default file) for drafter training.
 
@@ -293,7 +294,8 @@ def build_token_dataset(
     survive truncation (nothing to learn), or when its first user prompt alone is `max_len` tokens
     or longer (no room for a regenerated reply), or with `english_only` when its first user prompt
     is in another script or language (a small English target says little worth learning there).
-    `limit` caps the number kept.
+    `limit` caps the number kept; `skip` drops the first `skip` that would be kept, so a later run with
+    the same filters gets conversations an earlier `limit`-ed run did not see.
     """
     data: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
     with tqdm(desc=f"tokenize {split}", unit="conv", total=limit) as bar:
@@ -309,6 +311,9 @@ def build_token_dataset(
                 continue
             input_ids, loss_mask = encode_conversation(tokenizer, conv, max_len)
             if sum(loss_mask) < min_assistant_tokens:
+                continue
+            if skip > 0:
+                skip -= 1
                 continue
             data["input_ids"].append(input_ids)
             data["loss_mask"].append(loss_mask)

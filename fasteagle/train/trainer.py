@@ -39,6 +39,7 @@ class TrainConfig:
     holdout_data: str | None = None
     max_len: int = 1024
     limit: int | None = None  # use at most this many training conversations
+    skip: int = 0  # pass over the first this many conversations kept (an earlier --limit run had them)
     english_only: bool = False  # skip ShareGPT conversations whose first prompt is not English
     distill: bool = False  # regenerate replies with the target first
     distill_max_new: int = 256
@@ -114,7 +115,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     else:
         train_data = data_mod.load_token_dataset(cfg.data) if cfg.data else \
             data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
-                                         english_only=cfg.english_only)
+                                         english_only=cfg.english_only, skip=cfg.skip)
         if cfg.limit:
             train_data = {k: v[: cfg.limit] for k, v in train_data.items()}
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None

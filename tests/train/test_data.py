@@ -200,7 +200,9 @@ def test_build_token_dataset_splits_and_roundtrip(tok, tmp_path: Path) -> None:
     train = D.build_token_dataset(tok, "train", max_len=64, path=path)
     assert holdout["ids"] == ["2", "50", "93"]
     assert len(train["ids"]) == 96 and "5" not in train["ids"] and not set(train["ids"]) & set(holdout["ids"])
-    assert len(D.build_token_dataset(tok, "train", max_len=64, limit=7, path=path)["ids"]) == 7
+    first7 = D.build_token_dataset(tok, "train", max_len=64, limit=7, path=path)["ids"]
+    next5 = D.build_token_dataset(tok, "train", max_len=64, limit=5, skip=7, path=path)["ids"]
+    assert first7 + next5 == train["ids"][:12]  # --skip continues exactly where --limit stopped
     for key in ("input_ids", "loss_mask", "prompt_ids"):
         assert len(train[key]) == len(train["ids"])
     assert all(len(x) <= 64 for x in train["input_ids"])
