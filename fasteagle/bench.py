@@ -386,7 +386,7 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 6,
     replayed = []  # (tree, path, the nodes lookup proposed) per step, the prefill left out
     for ids in tqdm(encoded, desc="auto tree: replay decode"):
         decode = generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed)
-        replayed += list(_with_lookup_paths(decode, drafter))[1:]
+        replayed += list(_with_lookup_nodes(decode, drafter))[1:]
     outcomes = {b: [replay_budget(tree, path, b, lookup, sizes=True) for tree, path, lookup in replayed]
                 for b in budgets}
     per_step = {b: statistics.fmean(n + 1 for n, _ in outcomes[b]) for b in budgets}
@@ -413,7 +413,7 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 6,
             "replayed_steps": len(replayed), "context": context}
 
 
-def _with_lookup_paths(steps, drafter):
+def _with_lookup_nodes(steps, drafter):
     """(tree, path, nodes lookup proposed) per step of a decode; the last is empty unless the
     drafter is joined with lookup, whose tree of the step is read as the step comes out."""
     for s in steps:
