@@ -348,21 +348,24 @@ def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
     torch.save(payload, str(path))
 
 
-def load_token_dataset(path: str | Path) -> dict[str, list]:
-    """Read a dataset written by `save_token_dataset` back into lists of Python ints."""
+def load_token_dataset(path: str | Path, skip: int = 0, limit: int | None = None) -> dict[str, list]:
+    """Read a dataset written by `save_token_dataset` back into lists of Python ints; `skip` and
+    `limit` select records as `build_token_dataset` selects conversations (the first `skip` passed
+    over, then at most `limit`), so `train --skip/--limit` mean the same with `--data FILE`."""
     try:
         payload = torch.load(str(path), weights_only=True)
     except FileNotFoundError:
         raise FastEagleError(f"no token dataset at {path}; build one first") from None
     if not isinstance(payload, dict) or payload.get("format") != "fasteagle-token-dataset-v2":
         raise FastEagleError(f"{path} is not a fasteagle token dataset")
-    input_ids = _unflatten(*payload["input_ids"])
-    runs = _unflatten(*payload["loss_mask_runs"])
+    keep = slice(skip, None if limit is None else skip + limit)
+    input_ids = _unflatten(*payload["input_ids"])[keep]
+    runs = _unflatten(*payload["loss_mask_runs"])[keep]
     return {
         "input_ids": input_ids,
         "loss_mask": [_mask_from_runs(r, len(ids)) for r, ids in zip(runs, input_ids)],
-        "prompt_ids": _unflatten(*payload["prompt_ids"]),
-        "ids": list(payload["ids"]),
+        "prompt_ids": _unflatten(*payload["prompt_ids"])[keep],
+        "ids": list(payload["ids"])[keep],
     }
 
 

@@ -218,6 +218,9 @@ def test_build_token_dataset_splits_and_roundtrip(tok, tmp_path: Path) -> None:
     out = tmp_path / "sub" / "train.pt"
     D.save_token_dataset(train, out)
     assert D.load_token_dataset(out) == train
+    part = D.load_token_dataset(out, skip=7, limit=5)  # --skip/--limit select a saved file's records alike
+    assert part == {k: v[7:12] for k, v in train.items()} and part["ids"] == next5
+    assert D.load_token_dataset(out, skip=90)["ids"] == train["ids"][90:]
     n_tokens = sum(map(len, train["input_ids"])) + sum(map(len, train["prompt_ids"]))
     assert out.stat().st_size < 2 * n_tokens + 20_000  # uint16 ids, the mask as runs, pickle overhead
 
