@@ -113,9 +113,11 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             raise FastEagleError(f"--reuse-features needs --features cache and shards in {fdir}")
         train_data = None
     else:
-        train_data = data_mod.load_token_dataset(cfg.data, skip=cfg.skip, limit=cfg.limit) if cfg.data else \
-            data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
-                                         english_only=cfg.english_only, skip=cfg.skip)
+        if cfg.data:  # a saved dataset: --skip/--limit select its records as they select conversations
+            train_data = data_mod.load_token_dataset(cfg.data, skip=cfg.skip or 0, limit=cfg.limit or None)
+        else:
+            train_data = data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
+                                                      english_only=cfg.english_only, skip=cfg.skip)
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
     prompts = [p[-512:] for p in train_data["prompt_ids"]] if train_data else []
     # with the cache, one target pass yields both the replies and their features
