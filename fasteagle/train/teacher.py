@@ -87,19 +87,29 @@ def load_shard(path: Path) -> Batch:
     return Batch(d["input_ids"].long(), d["loss_mask"].float(), d["feats"], d["teacher_ids"], d["teacher_probs"])
 
 
+PROMPT_TAIL = 512  # distillation keeps a prompt's last this many tokens
+
+
+def distill_order(lengths: list[int], batch_size: int, seed: int) -> list[int]:
+    """The order a distillation run visits its prompts (batch b is order[b*batch_size:][:batch_size]):
+    shuffled (seeded), then length-sorted within windows of 8 batches, so a time budget cuts a random
+    subset rather than only the shortest prompts, while padding stays small. Deterministic, so a later
+    run can leave out the prompts an earlier one used (`python -m fasteagle.train.data --exclude-distilled`)."""
+    perm = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
+    window = batch_size * 8
+    return [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lambda i: lengths[i])]
+
+
 @torch.no_grad()
 def self_distill(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256, batch_size: int = 128,
                  time_budget_s: float | None = None, sample_every: int = 4, seed: int = 0) -> dict:
     """Regenerate replies to `prompts` with the target (batched, left-padded). Every
     `sample_every`-th batch is sampled (temperature 0.7) so the drafter also sees non-greedy text.
-    Prompts are shuffled (seeded) then length-sorted within windows of 8 batches, so a time budget
-    cuts a random subset rather than only the shortest prompts, while padding stays small.
-    Returns a token dataset (`fasteagle.train.data` layout) with the loss on the reply only."""
+    Prompts are visited in `distill_order`. Returns a token dataset (`fasteagle.train.data` layout)
+    with the loss on the reply only."""
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    perm = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
-    window = batch_size * 8
-    order = [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lambda i: len(prompts[i]))]
+    order = distill_order([len(p) for p in prompts], batch_size, seed)
     torch.manual_seed(seed)
     out_ids, out_mask, out_prompt, out_src, t0 = [], [], [], [], time.monotonic()
     for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill")):
@@ -146,16 +156,14 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
 
     Shards hold the last `keep_prompt` prompt tokens plus the reply (the drafter needs some prompt
     context; the loss is on the reply only). Resumable: batch b goes to shard-b, skipped if present;
-    prompts are shuffled and length-bucketed as in `self_distill`.
+    prompts are visited in `distill_order`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop = set(_as_list(model.generation_config.eos_token_id)) | {tokenizer.eos_token_id}
-    perm = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
-    window = batch_size * 8
-    order = [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lambda i: len(prompts[i]))]
+    order = distill_order([len(p) for p in prompts], batch_size, seed)
     t0 = time.monotonic()
     for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill + features")):
         path = out / f"shard-{b:05d}.pt"

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
 from fasteagle.train.teacher import (
+    PROMPT_TAIL,
     Batch,
     cache_features,
     distill_features,
@@ -119,7 +120,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             train_data = data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
                                                       english_only=cfg.english_only, skip=cfg.skip)
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
-    prompts = [p[-512:] for p in train_data["prompt_ids"]] if train_data else []
+    prompts = [p[-PROMPT_TAIL:] for p in train_data["prompt_ids"]] if train_data else []
     # with the cache, one target pass yields both the replies and their features
     if cfg.distill and train_data is not None and cfg.features == "cache":
         distill_features(model, tok, prompts, fdir, feature_layers, cfg.distill_max_new, cfg.distill_batch, budget,
@@ -134,7 +135,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         if holdout_file.exists():
             holdout = data_mod.load_token_dataset(holdout_file)
         else:
-            holdout = self_distill(model, tok, [p[-512:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
+            holdout = self_distill(model, tok, [p[-PROMPT_TAIL:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
                                    cfg.distill_max_new, cfg.distill_batch, sample_every=0)
             data_mod.save_token_dataset(holdout, holdout_file)
     if cfg.features == "cache" and train_data is not None:

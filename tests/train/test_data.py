@@ -240,6 +240,43 @@ def test_save_load_edge_cases(tmp_path: Path) -> None:
         D.load_token_dataset(tmp_path / "missing.pt")
 
 
+def _prompt_file(n: int) -> dict[str, list]:
+    prompts = [[5] * (3 + (7 * i) % 11) for i in range(n)]
+    return {"input_ids": prompts, "loss_mask": [[0] * len(p) for p in prompts], "prompt_ids": prompts,
+            "ids": [f"c{i}" for i in range(n)]}
+
+
+def test_distill_order_is_a_seeded_permutation_sorted_within_windows() -> None:
+    from fasteagle.train.teacher import distill_order
+
+    lengths = [len(p) for p in _prompt_file(70)["prompt_ids"]]
+    order = distill_order(lengths, 4, seed=3)
+    assert sorted(order) == list(range(70)) and order == distill_order(lengths, 4, seed=3)
+    assert order != distill_order(lengths, 4, seed=4)
+    for w in range(0, 70, 32):  # windows of 8 batches, each sorted by length
+        assert [lengths[i] for i in order[w:w + 32]] == sorted(lengths[i] for i in order[w:w + 32])
+
+
+def test_exclude_distilled_leaves_out_exactly_the_prompts_a_run_visited(tmp_path: Path) -> None:
+    from fasteagle.train.teacher import distill_order
+
+    data = _prompt_file(70)
+    lengths = [len(p) for p in data["prompt_ids"]]
+    visited = set(distill_order(lengths, 4, 1)[:12]) | set(distill_order(lengths, 8, 2)[:8])
+    rest = D.exclude_distilled(data, ["1:4:3", "2:8:1"])
+    assert rest["ids"] == [f"c{i}" for i in range(70) if i not in visited]
+    assert rest["prompt_ids"] == [data["prompt_ids"][i] for i in range(70) if i not in visited]
+    with pytest.raises(FastEagleError, match="SEED:BATCH:BATCHES"):
+        D.exclude_distilled(data, ["1:4"])
+    # the command line: from a saved prompt file to the fresh prompts
+    D.save_token_dataset(data, tmp_path / "prompts.pt")
+    assert D.main(["--prompts-out", str(tmp_path / "rest.pt"), "--from", str(tmp_path / "prompts.pt"),
+                   "--exclude-distilled", "1:4:3", "--exclude-distilled", "2:8:1"]) == 0
+    assert D.load_token_dataset(tmp_path / "rest.pt") == rest
+    assert D.main(["--prompts-out", str(tmp_path / "x.pt"), "--from", str(tmp_path / "prompts.pt"),
+                   "--exclude-distilled", "a:b:c"]) == 1
+
+
 # --------------------------------------------------------------------------------------------
 # Evaluation prompts
 
