@@ -132,8 +132,8 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
 
 # Node budgets near what `python -m fasteagle bench --tree auto` picks for the shipped drafters on a
 # 2-core CPU (bench/results/cpu-smollm2-135m-auto-tree-*.json: there a tree forward costs 1.1-1.6 decode
-# steps, so big trees lose to plain decoding); where its curve is flat (FastEagle: 1.22x at 3 nodes,
-# 1.15x at 6) the bigger tree, which shows more. GPUs verify ~60 nodes for about the price of one.
+# steps, so big trees lose to plain decoding); where its curve is flat (FastEagle: 1.15x at 3 nodes,
+# 1.13x at 6) the bigger tree, which shows more. GPUs verify ~60 nodes for about the price of one.
 CPU_BUDGETS = {"fasteagle": 6, "eagle3": 6, "fasteagle+lookup": 3, "eagle3+lookup": 6}
 GPU_BUDGET = 60
 
