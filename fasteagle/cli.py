@@ -25,12 +25,17 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
+    from fasteagle.tree import TREE_SHAPES
+
     p.add_argument("--drafter", default=None,
                    help=f"FastEagle drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name})")
     p.add_argument("--eagle3-drafter", dest="eagle3_drafter", default=None,
                    help=f"EAGLE-3-style drafter directory (default: assets/drafters/{DEFAULT_EAGLE3.name})")
     p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
     p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
+    p.add_argument("--tree-shape", dest="tree_shape", choices=TREE_SHAPES, default="product",
+                   help="fasteagle's tree: product (side branches continue, the default) or backbone (the paper's "
+                        "constrained tree: side branches are leaves)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -61,6 +66,8 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         ks = [int(x) for x in str(args.tree_k).split(",")]
         d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         d.tree_budget = args.tree_budget
+        if method == "fasteagle":
+            d.tree_shape = getattr(args, "tree_shape", None) or "product"
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
@@ -164,8 +171,8 @@ def cmd_bench(args) -> int:
     prompts = [p for f in files for p in bench.load_prompts(f, args.limit)]
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
-                "tree_k": args.tree_k, "tree_budget": args.tree_budget, "dtype": str(target.dtype),
-                "packed_linears": target.packed,
+                "tree_k": args.tree_k, "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
+                "dtype": str(target.dtype), "packed_linears": target.packed,
                 "drafters": _drafter_summaries(methods)}
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}

@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.packing import PackedLinear, pack_linears
-from fasteagle.tree import DraftTree, backbone
+from fasteagle.tree import DraftTree, backbone, product
 
 
 @dataclass
@@ -111,6 +111,7 @@ class CascadedDrafter(nn.Module):
         self.feature_layers = tuple(cfg.feature_layers)
         self.tree_k: list[int] | int = 10  # top-k per depth (an int, or one per depth)
         self.tree_budget = 60
+        self.tree_shape = "product"  # or "backbone": the paper's constrained tree (side branches are leaves)
         self.cache: KVCache | None = None
         self.last: torch.Tensor | None = None
         self.active_layers = cfg.num_layers  # layers run per decode, fixed at `reset`
@@ -297,7 +298,8 @@ class CascadedDrafter(nn.Module):
         n = probs.shape[0]
         ks = self.tree_k if isinstance(self.tree_k, int) else (list(self.tree_k) + [1] * n)[:n]
         top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
-        return backbone(root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
+        build = backbone if self.tree_shape == "backbone" else product
+        return build(root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, out: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16,

@@ -138,6 +138,52 @@ def backbone(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: li
     return make_tree(tokens, parents, probs, sources)
 
 
+TREE_SHAPES = ("product", "backbone")
+
+
+def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: list[int] | int,
+            budget: int) -> DraftTree:
+    """Backbone expansion with growing side branches: the tree of the `budget - 1` most probable
+    paths through per-depth top-k candidates (N, kmax), a path scored by the product of its nodes'
+    draft probabilities.
+
+    A depth's distribution is the same whichever sibling was taken above it, so the candidates
+    below a side node are that depth's top-k again; a side branch worth more than a deep backbone
+    node now continues instead of ending as a leaf. The top-1 spine still scores highest at every
+    depth, so with nothing else worth its node this is `backbone`; at about 60 nodes it accepts
+    more (see the README's tree table). Built depth by depth with one top-k each: a node
+    outside its depth's best `budget - 1` can never be among the best overall.
+    """
+    dev = topk_ids.device
+    n_depth, kmax = topk_ids.shape
+    ks_t = torch.as_tensor([ks] * n_depth if isinstance(ks, int) else ks, device=dev)[:n_depth].clamp(1, kmax)
+    allowed = torch.arange(kmax, device=dev)[None] < ks_t[:, None]
+    logp = torch.where(allowed, topk_probs.float().clamp_min(1e-30).log(), torch.full_like(topk_probs.float(), -1e30))
+    n_keep = max(0, budget - 1)
+    front_score = torch.zeros(1, device=dev)  # the parents' path scores; the root scores log 1
+    front_id = torch.full((1,), -1, dtype=torch.long, device=dev)  # their candidate index (-1: root)
+    cand = []  # (tokens, parents, scores, probs, depths) of each depth's best
+    count = 0
+    for d in range(n_depth):
+        if n_keep == 0:
+            break
+        # -1e-6 per depth: a child never ties its parent (p = 1.0), so the kept set stays a tree
+        score = (front_score[:, None] + logp[d][None] - 1e-6).flatten()
+        m = min(n_keep, int((score > -1e29).sum()))
+        if m == 0:
+            break
+        top = score.topk(m)
+        par, rank = top.indices // kmax, top.indices % kmax
+        cand.append((topk_ids[d, rank].long(), front_id[par], top.values, topk_probs[d, rank].float(),
+                     torch.full((m,), d + 1, dtype=torch.long, device=dev)))
+        front_score, front_id = top.values, count + torch.arange(m, device=dev)
+        count += m
+    if not cand:
+        return root_only(root, dev)
+    tokens, parents, scores, probs, depths = (torch.cat(x) for x in zip(*cand))
+    return dynamic(root, tokens, parents, scores, probs, depths, budget)
+
+
 def dynamic(root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
             depths: torch.Tensor, total_tokens: int) -> DraftTree:
     """EAGLE-2's global rerank: keep the `total_tokens - 1` candidates with the best cumulative

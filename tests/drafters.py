@@ -3,7 +3,8 @@
 `RandomDrafter` drafts seeded random trees (almost nothing gets accepted: exercises rejection).
 `OracleDrafter` is handed the vanilla output in advance and drafts the true continuation with
 some positions corrupted or moved to side leaves (much gets accepted: deep paths, side leaves).
-Shapes: "chain" (`tree.chain`), "backbone" (`tree.backbone`) and "dynamic" (an EAGLE-2-style
+Shapes: "chain" (`tree.chain`), "backbone" (`tree.backbone`), "product" (`tree.product`: the
+same per-depth candidates, side branches continuing) and "dynamic" (an EAGLE-2-style
 expansion of the k best frontier nodes per depth, reranked by `tree.dynamic`).
 Both check that the loop calls them as the protocol says (the root of each tree is the token
 passed as `next_token`, and each `extend` starts with that root).
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from fasteagle.tree import DraftTree, backbone, chain, dynamic
+from fasteagle.tree import DraftTree, backbone, chain, dynamic, product
 
 
 def one_thread() -> Iterator[None]:
@@ -35,7 +36,7 @@ class _ProtocolDrafter:
 
     def __init__(self, vocab: int, shape: str = "chain", depth: int = 4, k: int | list[int] = 1,
                  budget: int = 64, seed: int = 0):
-        if shape not in ("chain", "backbone", "dynamic"):
+        if shape not in ("chain", "backbone", "product", "dynamic"):
             raise ValueError(shape)
         self.vocab, self.shape, self.depth, self.k, self.budget, self.seed = vocab, shape, depth, k, budget, seed
         self.reset(0)
@@ -109,7 +110,7 @@ class _ProtocolDrafter:
 
 
 class RandomDrafter(_ProtocolDrafter):
-    """Random ids, random probabilities: chains or backbone trees."""
+    """Random ids, random probabilities: chains, backbone or product trees."""
 
     def _draft(self, root: int) -> DraftTree:
         if self.shape == "dynamic":
@@ -118,14 +119,16 @@ class RandomDrafter(_ProtocolDrafter):
             toks = torch.randint(0, self.vocab, (self.depth,), generator=self.gen)
             return chain(root, toks, torch.rand(self.depth, generator=self.gen))
         ids = torch.stack([self._distinct(self.kmax) for _ in range(self.depth)])
-        return backbone(root, ids, self._sorted_probs(self.depth), self.k, self.budget)
+        build = product if self.shape == "product" else backbone
+        return build(root, ids, self._sorted_probs(self.depth), self.k, self.budget)
 
 
 class OracleDrafter(_ProtocolDrafter):
     """Drafts `reference` (the vanilla output) from the current position.
 
-    Each depth's true token is corrupted with probability `corrupt`; in a backbone tree, with
-    probability `side` it is moved to a random side column instead (so a side leaf can be accepted).
+    Each depth's true token is corrupted with probability `corrupt`; in a backbone or product tree,
+    with probability `side` it is moved to a random side column instead (so a side leaf can be
+    accepted, and in a product tree the true path can go on below it).
     """
 
     def __init__(self, reference: list[int], vocab: int, shape: str = "chain", depth: int = 4,
@@ -160,7 +163,8 @@ class OracleDrafter(_ProtocolDrafter):
             elif u >= self.side + self.corrupt:
                 row[0] = t
             rows.append(row)
-        return backbone(root, torch.stack(rows), self._calibrated_probs(ks), self.k, self.budget)
+        build = product if self.shape == "product" else backbone
+        return build(root, torch.stack(rows), self._calibrated_probs(ks), self.k, self.budget)
 
     def _calibrated_probs(self, ks: list[int]) -> torch.Tensor:
         """Per depth: the top-1 is right with probability 1 - side - corrupt, each side column with

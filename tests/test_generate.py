@@ -82,6 +82,7 @@ SHAPES = [  # (shape, depth, k, budget)
     ("backbone", 1, 10, 11), ("backbone", 3, 2, 7), ("backbone", 4, [4, 3, 2, 1], 10), ("backbone", 6, 4, 16),
     ("backbone", 8, 10, 64), ("backbone", 5, 10, 64), ("backbone", 8, 10, 5),
     ("backbone", 8, [10, 8, 6, 4, 3, 2, 2, 1], 30), ("backbone", 3, 1, 64),
+    ("product", 4, [4, 3, 2, 1], 10), ("product", 6, 4, 16), ("product", 8, 10, 64), ("product", 8, 10, 5),
     ("dynamic", 4, 3, 12), ("dynamic", 6, 6, 48),
 ]
 SEEDS = range(3)
@@ -110,7 +111,7 @@ def test_greedy_lossless_random_and_oracle_drafters(targets, shape, depth, k, bu
     assert sum(taus) / len(taus) > 1.0 + 0.4 * min(spine, 3), taus
     assert deepest >= min(spine, 4)
     kmax = k if isinstance(k, int) else max(k)
-    if shape == "backbone" and kmax > 1 and budget - 1 > spine:
+    if shape in ("backbone", "product") and kmax > 1 and budget - 1 > spine:
         assert side > 0, "no side leaf was ever accepted"
 
 

@@ -1,4 +1,4 @@
-"""fasteagle.tree: parent pointers -> depths / ancestor masks / position ids, chains, backbone trees."""
+"""fasteagle.tree: parent pointers -> depths / ancestor masks / position ids, chains, backbone and product trees."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fasteagle.tree import DraftTree, backbone, chain, dynamic, make_tree, merge, path_tree, root_only
+from fasteagle.tree import DraftTree, backbone, chain, dynamic, make_tree, merge, path_tree, product, root_only
 from tests.drafters import one_thread
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
@@ -203,6 +203,71 @@ def test_backbone_hand_made():
     assert backbone(1, ids, probs, 3, budget=5).tokens.tolist() == [1, 10, 11, 12, 20]
 
 
+# -- product (side branches continue) ------------------------------------------------------------
+
+def rank_paths(tree: DraftTree, ids: torch.Tensor) -> list[tuple[int, ...]]:
+    """Each node's path as the candidate ranks taken at depths 1, 2, ... (the root's is empty)."""
+    paths: list[tuple[int, ...]] = [()]
+    for i in range(1, tree.size):
+        d = int(tree.depths[i])
+        rank = ids[d - 1].tolist().index(int(tree.tokens[i]))
+        paths.append(paths[int(tree.parents[i])] + (rank,))
+    return paths
+
+
+@pytest.mark.parametrize("n_depth,ks,budget", [
+    (1, 10, 11), (1, 10, 4), (3, 1, 64), (3, 3, 64), (4, [4, 3, 2, 1], 10), (4, 4, 16), (5, 3, 60),
+    (4, [1, 5, 1, 5], 12), (6, 4, 1), (6, 4, 2), (2, 6, 64),
+])
+def test_product_keeps_the_most_probable_paths(n_depth, ks, budget):
+    import itertools
+
+    kmax = ks if isinstance(ks, int) else max(ks)
+    k_at = [ks] * n_depth if isinstance(ks, int) else list(ks)
+    for seed in range(3):
+        ids, probs = _topk(n_depth, kmax, seed)
+        tree = product(5, ids, probs, ks, budget)
+        # brute force: every rank path of every length, scored by the product of its probabilities
+        every = [p for n in range(1, n_depth + 1) for p in itertools.product(*(range(k) for k in k_at[:n]))]
+        score = {p: float(torch.tensor([float(probs[d, r]) for d, r in enumerate(p)]).prod()) for p in every}
+        want = sorted(every, key=lambda p: (-score[p], len(p)))[: max(budget - 1, 0)]
+        paths = rank_paths(tree, ids)
+        assert tree.tokens[0] == 5 and tree.parents[0] == -1 and tree.size == 1 + len(want)
+        assert set(paths[1:]) == set(want)
+        assert all(int(tree.parents[i]) < i for i in range(1, tree.size)), "topological order"
+        for i, p in enumerate(paths[1:], start=1):
+            assert int(tree.depths[i]) == len(p) == int(tree.sources[i])
+            assert tree.tokens[i] == ids[len(p) - 1, p[-1]] and tree.draft_probs[i] == probs[len(p) - 1, p[-1]]
+        # siblings are distinct tokens (greedy and sampling verification need that)
+        seen = {(int(tree.parents[i]), int(tree.tokens[i])) for i in range(1, tree.size)}
+        assert len(seen) == tree.size - 1
+
+
+def test_product_hand_made_side_branches_continue():
+    ids = torch.tensor([[10, 11], [20, 21]])
+    probs = torch.tensor([[0.5, 0.4], [0.9, 0.1]])
+    # paths: 10 (.5), 10-20 (.45), 11 (.4), 11-20 (.36), 10-21 (.05), 11-21 (.04)
+    tree = product(1, ids, probs, 2, budget=5)
+    assert tree.tokens.tolist() == [1, 10, 11, 20, 20]
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 2]  # the runner-up at depth 1 goes on to depth 2
+    # the paper's backbone spends that node on a depth-2 side leaf worth .05
+    assert backbone(1, ids, probs, 2, budget=5).parents.tolist() == [-1, 0, 0, 1, 1]
+    # with no branch worth continuing the two trees agree
+    sure = torch.tensor([[0.9, 0.05], [0.9, 0.05]])
+    for budget in range(1, 6):
+        assert_same_tree(product(1, ids, sure, 2, budget), backbone(1, ids, sure, 2, budget))
+
+
+def test_product_never_keeps_a_child_without_its_parent():
+    """Certain drafts (p = 1.0) tie a child with its parent; the tree must still be closed."""
+    ids = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    probs = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    for budget in range(1, 8):
+        tree = product(1, ids, probs, 3, budget)
+        assert tree.tokens[:4].tolist() == [1, 10, 20, 30][:tree.size]
+        assert all(int(tree.parents[i]) < i for i in range(1, tree.size))
+
+
 # -- dynamic (EAGLE-2 rerank) ---------------------------------------------------------------------
 
 def _expansion(seed: int, depth: int, k: int):
@@ -245,7 +310,7 @@ def test_dynamic_keeps_the_best_candidates_closed_under_ancestors(seed, depth, k
 
 # -- serialisation ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("which", ["root", "chain", "backbone", "random"])
+@pytest.mark.parametrize("which", ["root", "chain", "backbone", "product", "random"])
 def test_tree_dict_round_trip(which):
     gen = torch.Generator().manual_seed(3)
     if which == "root":
@@ -255,6 +320,9 @@ def test_tree_dict_round_trip(which):
     elif which == "backbone":
         ids, probs = _topk(6, 4, 1)
         tree = backbone(9, ids, probs, [4, 3, 2, 2, 1, 1], 14)
+    elif which == "product":
+        ids, probs = _topk(6, 4, 1)
+        tree = product(9, ids, probs, [4, 3, 2, 2, 1, 1], 30)
     else:
         n = 40
         tree = make_tree(torch.randint(0, 320, (n,), generator=gen), random_parents(n, gen),
@@ -308,6 +376,9 @@ def test_tree_building_is_tensor_ops(conversions, width):
     conversions.clear()
     backbone(3, ids, probs, 10, 40)
     assert sum(conversions.values()) <= 6 + 3, conversions  # make_tree's per-level checks (depth 6) + O(1)
+    conversions.clear()
+    product(3, ids, probs, 10, 40)
+    assert sum(conversions.values()) <= 2 * 6 + 3, conversions  # one count per depth, make_tree's checks
     assert mask.shape == (1, 1, n, 50 + n)
 
 
