@@ -37,6 +37,7 @@ from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, make_drafter  # noqa:
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, generate  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
+from fasteagle.tree import TREE_SHAPES  # noqa: E402
 from fasteagle.verify import SamplingParams  # noqa: E402
 from viz.tokens import spans_from_json, spans_to_json  # noqa: E402
 
@@ -65,8 +66,9 @@ exactly the output it would produce alone.
    same words earlier in the prompt or reply (no training at all). *FastEagle + lookup* verifies
    both guesses at once: lookup's branches (diamonds in the tree) join the cascade's tree.
 2. **Tree.** Instead of one guess per depth the drafter proposes a small **tree**: the most likely
-   token continues the backbone, runners-up become side branches. *top-k per depth* and the
-   *node budget* bound its size.
+   token continues the backbone, runners-up become side branches, and a runner-up likely enough
+   grows its own branch (the paper's *backbone* shape keeps them as leaves). *top-k per depth*
+   and the *node budget* bound its size.
 3. **Verification.** The target reads every tree node in **one** forward (each node sees only its
    own ancestors). Walking from the root, a node is **accepted** (green) if the target would have
    produced it there (greedy: its argmax; sampling: an exact accept/reject rule); its siblings are
@@ -178,6 +180,7 @@ class Request:
     tree_k: str
     tree_budget: int
     seed: int
+    tree_shape: str = "product"  # FastEagle's tree (fasteagle.tree.TREE_SHAPES)
 
 
 def _timed(gen: Iterator) -> Iterator[tuple[Any, float]]:
@@ -239,7 +242,7 @@ class Engine:
         return "".join(self.label(i) for i in ids)
 
     def request(self, prompt: str | None, method: str, temperature: float, max_new_tokens: float, tree_k: str,
-                tree_budget: float, seed: float) -> Request:
+                tree_budget: float, seed: float, tree_shape: str | None = "product") -> Request:
         """Validate the inputs; every problem is a one-line FastEagleError."""
         prompt = prompt or ""
         if not prompt.strip():
@@ -266,7 +269,10 @@ class Engine:
                 from None
         if not ks or any(not 1 <= k <= 64 for k in ks):
             raise FastEagleError("every top-k must be between 1 and 64")
-        return Request(prompt, self.method(method), temp, max_new, ",".join(map(str, ks)), budget, seed_i)
+        shape = tree_shape or "product"
+        if shape not in TREE_SHAPES:
+            raise FastEagleError(f"unknown tree shape {shape!r}; choose one of {', '.join(TREE_SHAPES)}")
+        return Request(prompt, self.method(method), temp, max_new, ",".join(map(str, ks)), budget, seed_i, shape)
 
     def prompt_ids(self, req: Request) -> torch.Tensor:
         ids = chat_prompt_ids(self.target, req.prompt)
@@ -297,6 +303,8 @@ class Engine:
             d.tree_k = ks[0] if len(ks) == 1 or m.key.startswith("eagle3") else ks
         if hasattr(d, "tree_budget"):
             d.tree_budget = req.tree_budget
+        if m.key.startswith("fasteagle"):
+            d.tree_shape = req.tree_shape
         return d
 
     def steps(self, ids: torch.Tensor, drafter, req: Request) -> Iterator[tuple[dict, float]]:
@@ -444,6 +452,11 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                                        label="Node budget", elem_id="budget",
                                        info="tree nodes the drafter verifies per step, root included "
                                             "(lookup's branches come on top)")
+                    tree_shape = gr.Radio([("side branches continue", "product"),
+                                           ("paper's backbone (side leaves)", "backbone")], value="product",
+                                          label="Tree shape (FastEagle)", elem_id="tree-shape",
+                                          info="both keep the most probable nodes; the paper's lets nothing grow "
+                                               "below a runner-up")
                 seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
                 run_btn = gr.Button("Run", variant="primary", elem_id="run")
             with gr.Column(scale=3):
@@ -515,9 +528,9 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 upd[badge] = '<div class="badge info">no vanilla decode in this trace</div>'
             return upd
 
-        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed):
+        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape="product"):
             try:
-                req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed)
+                req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape)
                 ids = engine.prompt_ids(req)
                 drafter = engine.drafter(req)  # loaded here (cached) so that a bad checkpoint warns early
             except FastEagleError as exc:
@@ -566,7 +579,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                             for t in tr["tokens"] + ((tr.get("tree") or {}).get("tokens") or [])}
                 meta = {"prompt": req.prompt, "method": mlabel, "method_key": req.method.key,
                         "temperature": req.temperature, "max_new_tokens": req.max_new_tokens, "tree_k": req.tree_k,
-                        "tree_budget": req.tree_budget, "seed": req.seed, "target": target.name,
+                        "tree_budget": req.tree_budget, "tree_shape": req.tree_shape, "seed": req.seed,
+                        "target": target.name,
                         "device": str(target.device), "dtype": dtype, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
                 run = viz.make_run_file(meta, sides, {i: engine.label(i) for i in sorted(ids_seen)})
                 path = Path(tempfile.mkdtemp(prefix="fasteagle-")) / f"fasteagle-trace-{time.strftime('%H%M%S')}.json"
@@ -632,9 +646,9 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
 
         method.change(lambda label: default_budget(engine.method(label).key, on_gpu), method, budget,
                       api_name=False)
-        run_btn.click(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed], all_outputs,
+        run_btn.click(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed, tree_shape], all_outputs,
                       api_name="run", concurrency_limit=1, concurrency_id="decode")
-        prompt.submit(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed], all_outputs,
+        prompt.submit(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed, tree_shape], all_outputs,
                       api_visibility="private", concurrency_limit=1, concurrency_id="decode")
         step_slider.change(on_step, [step_slider, run_state], [tree_plot, step_info], api_name="replay_step",
                            queue=False, show_progress="hidden")

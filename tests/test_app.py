@@ -58,8 +58,8 @@ def warnings(monkeypatch) -> list[str]:
 
 
 def call_run(client: Client, prompt: str, method: str = "lookup", max_new: int = 8, temperature: float = 0.0,
-             tree_k: str = "4", budget: int = 8, seed: int = 0) -> dict:
-    out = client.predict(prompt, method, temperature, max_new, tree_k, budget, seed, api_name="/run")
+             tree_k: str = "4", budget: int = 8, seed: int = 0, shape: str = "product") -> dict:
+    out = client.predict(prompt, method, temperature, max_new, tree_k, budget, seed, shape, api_name="/run")
     return dict(zip(OUT, out))
 
 
@@ -215,18 +215,28 @@ def test_trained_drafters_are_offered_and_draw_trees(tiny, tmp_path):
     demo = app.build_app(tiny, drafter_dir=tmp_path / "fe", eagle3_dir=tmp_path / "e3")
     assert [m.label for m in app.ENGINE.available] == ["FastEagle", "EAGLE-3", "FastEagle + lookup", "lookup"]
     with served(demo) as client:
-        for method, k in (("FastEagle", "3,2,1"), ("EAGLE-3", "3")):
-            res = call_run(client, "w9 w10 w11 w12", method=method, max_new=10, tree_k=k, budget=6)
+        for method, k, shape in (("FastEagle", "3,2,1", "product"), ("FastEagle", "3,2,1", "backbone"),
+                                 ("EAGLE-3", "3", "product")):
+            res = call_run(client, "w9 w10 w11 w12", method=method, max_new=10, tree_k=k, budget=6, shape=shape)
             run = check_complete_run(res, 10)
-            assert run["meta"]["method"] == method
+            assert run["meta"]["method"] == method and run["meta"]["tree_shape"] == shape
             trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
             assert trees and all(1 < len(t["tokens"]) <= 6 for t in trees)
+            if shape == "backbone":  # the paper's tree: only a depth's first node (the spine) has children
+                assert all(t["depths"].index(t["depths"][p]) == p for t in trees for p in t["parents"][1:])
         # the cascade's tree stays within the budget; lookup's branches come on top, marked as lookup's
         res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", method="FastEagle + lookup", max_new=16, budget=3)
         run = check_complete_run(res, 16)
         trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
         assert all(sum(s != -1 for s in t["sources"]) <= 3 for t in trees)
         assert any(-1 in t["sources"] for t in trees)
+
+
+def test_an_unknown_tree_shape_is_a_clear_error(tiny, tmp_path):
+    app.build_app(tiny, drafter_dir=tmp_path / "no-drafter", eagle3_dir=tmp_path / "no-eagle3")
+    with pytest.raises(app.FastEagleError, match="tree shape"):
+        app.ENGINE.request("w9 w10", "lookup", 0, 6, "4", 8, 0, "bushy")
+    assert app.ENGINE.request("w9 w10", "lookup", 0, 6, "4", 8, 0, None).tree_shape == "product"
 
 
 def test_node_budget_default_follows_the_method():

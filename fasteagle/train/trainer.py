@@ -30,6 +30,7 @@ from fasteagle.train.teacher import (
     shard_stats,
     teach,
 )
+from fasteagle.tree import backbone, product
 
 
 @dataclass
@@ -305,6 +306,8 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
         f"Expected accepted length of the backbone tree (tau, bonus token included): {h.get('tau_backbone')} "
         f"({'the drafter this run continued' if t.get('init_from') else 'untrained start'}: "
         f"{h0.get('tau_backbone')}).",
+        *([f"Greedy decoding replayed over these replies with trees of {h['tau_replay_budget']} nodes: tau "
+           + ", ".join(f"{v} ({k} tree)" for k, v in h["tau_replay"].items()) + "."] if h.get("tau_replay") else []),
         "", "## Reproduce", "", "```bash", t.get("command") or "python -m fasteagle train ...", "```", "",
         "Training settings are in `config.json` (`training`); the per-step loss and accuracy are in `history.json`.",
     ]
@@ -320,11 +323,20 @@ def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> fl
     return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+TREE_BUILDERS = {"product": product, "backbone": backbone}
+
+
 @torch.no_grad()
-def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, k: int | list[int] = 10) -> dict:
+def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, k: int | list[int] = 10,
+             budget: int = 60) -> dict:
     """Teacher-forced holdout metrics: per-depth top-1 agreement with the target's argmax, and the
     expected accepted length of the greedy backbone tree (spine top-1, side leaves top-k) per
     position, assuming the sequence is what the target itself would say (self-distilled text).
+
+    `tau_replay` is greedy decoding's own tau with trees of `budget` nodes, per tree shape: the
+    holdout replies are the target's greedy output, so walking each reply step by step (draft at
+    the last accepted position, accept the longest tree path the reply follows, move on) is
+    exactly what speculative decoding would do, without running the target per step.
     """
     drafter.eval()
     dev = next(model.parameters()).device
@@ -334,6 +346,7 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
     leaf_hits = torch.zeros(N)
     counted = 0
     taus = []
+    walks = {shape: [0, 0] for shape in TREE_BUILDERS}  # tokens, steps
     for i in tqdm(range(min(n, len(data["input_ids"]))), desc="evaluate"):
         ids = torch.tensor(data["input_ids"][i][:max_len], device=dev)[None]
         mask = torch.tensor(data["loss_mask"][i][:max_len], device=dev)[None].bool()
@@ -352,6 +365,14 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
             want = drafter.to_draft_ids(target_top1[d:d + T])  # -1 (never matched) outside the vocab
             spine[d - 1] = logits.argmax(-1) == want
             leaf[d - 1] = (logits.topk(ks[d - 1], -1).indices == want[:, None]).any(-1)
+        kmax = max(ks)
+        tops = [drafter.head(outs[d][0], d + 1).float().softmax(-1).topk(kmax, -1) for d in range(N)]
+        top_p = torch.stack([t.values for t in tops], 1).cpu()  # (L-1, N, kmax)
+        top_i = drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)].cpu()
+        for shape, walk in walks.items():
+            tokens, steps = replay_walk(ids[0].cpu(), mask[0].cpu(), top_i, top_p, TREE_BUILDERS[shape], ks, budget)
+            walk[0] += tokens
+            walk[1] += steps
         valid = mask[0, 1:1 + T] & mask[0, N:N + T]  # the drafted span lies inside the reply
         if not bool(valid.any()):
             continue
@@ -376,4 +397,30 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         "depth_topk_given_spine": [round(float(leaf_hits[d] / max(1, counted if d == 0 else spine_hits[d - 1])), 3)
                                    for d in range(N)],
         "tree_k": ks,
+        "tau_replay": {shape: round(t / max(1, s), 3) for shape, (t, s) in walks.items()},
+        "tau_replay_budget": budget,
     }
+
+
+def replay_walk(ids: torch.Tensor, mask: torch.Tensor, top_i: torch.Tensor, top_p: torch.Tensor, build,
+                ks: list[int], budget: int) -> tuple[int, int]:
+    """Greedy speculative decoding of one reply (`mask` marks it in `ids`), replayed: (tokens after
+    the first, target forwards). top_i/top_p[t] are the drafter's per-depth candidates drafted at
+    position t, i.e. with token t+1 as the tree's root."""
+    where = mask.nonzero().squeeze(1)
+    if where.numel() < 2:
+        return 0, 0
+    start, end = int(where[0]), int(where[-1]) + 1  # the reply is ids[start:end]
+    seq = ids.tolist()
+    g, steps = start, 0  # g: position of the root (the last token the target chose)
+    while g + 1 < end:
+        tree = build(seq[g], top_i[g - 1], top_p[g - 1], ks, budget)
+        toks, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+        ok, acc = [True] + [False] * (len(toks) - 1), 0
+        for j in range(1, len(toks)):
+            pos = g + depths[j]
+            if ok[parents[j]] and pos < end and toks[j] == seq[pos]:
+                ok[j], acc = True, max(acc, depths[j])
+        g += acc + 1  # the accepted drafts, then the target's own token
+        steps += 1
+    return min(g, end - 1) - start, steps

@@ -53,6 +53,19 @@ def test_tiny_training_lowers_loss_and_raises_acceptance(tiny, tmp_path):
     got, traces = run(tiny, prompt, drafter=drafter, max_new_tokens=30, stop_ids=set())
     assert got == want
     assert traces[-1].tau > 1.2
+    # the replayed tau of the evaluation is what greedy speculative decoding really does, per tree shape
+    replay = ev["holdout"]["tau_replay"]
+    assert replay["product"] >= replay["backbone"] > 1.2 and ev["holdout"]["tau_replay_budget"] == 60
+    for shape in ("product", "backbone"):
+        drafter.tree_shape, drafter.tree_budget = shape, 60
+        tokens = forwards = 0
+        for ids, mask in zip(held["input_ids"], held["loss_mask"]):
+            n = sum(mask)
+            reply, traces = run(tiny, torch.tensor(ids[: len(ids) - n]), drafter=drafter, max_new_tokens=n,
+                                stop_ids=set())
+            assert reply == ids[len(ids) - n:]
+            tokens, forwards = tokens + traces[-1].generated - 1, forwards + traces[-1].forwards
+        assert tokens / forwards == pytest.approx(replay[shape], abs=0.02), shape
 
 
 def test_checkpoint_resume(tiny, tmp_path):
