@@ -175,6 +175,26 @@ def test_missing_drafter_is_a_clear_error(tmp_path, tiny):
         CascadedDrafter.load(tmp_path / "nothing", tiny.model)
 
 
+def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
+    from types import SimpleNamespace
+
+    from fasteagle.cli import make_drafter
+
+    make(tiny).save(tmp_path)
+    args = SimpleNamespace(tree_k="4,2", tree_budget=9, drafter=str(tmp_path))
+    assert make_drafter("fasteagle", tiny, args).tree_shape == "product"  # the default
+    paper = SimpleNamespace(**vars(args), tree_shape="backbone")
+    assert make_drafter("fasteagle", tiny, paper).tree_shape == "backbone"
+    d = make_drafter("fasteagle-backbone", tiny, SimpleNamespace(**vars(args), tree_shape="product"))
+    assert d.tree_shape == "backbone" and d.tree_k == [4, 2] and d.tree_budget == 9
+    ids = torch.randint(4, TINY_VOCAB, (8,))
+    d.reset(64)
+    d.extend(ids, features(tiny, ids[None], d.feature_layers)[0], 5)
+    tree = d.draft(5)  # the paper's tree: only the spine has children
+    spine = {int((tree.depths == k).nonzero()[0]) for k in range(int(tree.depths.max()) + 1)}
+    assert set(tree.parents[1:].tolist()) <= spine
+
+
 @pytest.mark.parametrize("shape", ["product", "backbone"])
 @pytest.mark.parametrize("k,budget", [(1, 5), (4, 20), (10, 60)])
 def test_untrained_cascade_is_lossless(tiny, k, budget, shape):
