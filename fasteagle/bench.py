@@ -210,9 +210,24 @@ def _sum_ragged(lists: list[list[int]]) -> list[int]:
 
 
 def device_name(dev: torch.device) -> str:
+    """The device as results name it: CPU timings differ by model and vector ISA (AVX2 vs AVX-512
+    changes what a tree forward costs against one decode step), so both are recorded."""
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return (f"CPU ({cpu_model() or platform.processor() or platform.machine()}, "
+            f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)")
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (Linux), None elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        return None
+    return None
 
 
 def _repo_path(path: str | None) -> str | None:

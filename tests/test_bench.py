@@ -168,7 +168,7 @@ def test_interpolated_verify_cost():
     assert [bench._interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
 
 
-@pytest.mark.parametrize("kind", ["fasteagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["fasteagle", "fasteagle-backbone", "eagle3"])
 def test_a_smaller_budget_drafts_the_best_nodes_of_a_bigger_tree(tiny, kind):
     """What replay assumes of both tree builders: from the same state, budget B drafts exactly the
     best B-1 nodes (by path probability) of the tree a bigger budget drafts."""
@@ -179,6 +179,8 @@ def test_a_smaller_budget_drafts_the_best_nodes_of_a_bigger_tree(tiny, kind):
     d = (AutoregressiveDrafter(AutoregressiveDrafter.config_for(cfg, 4)) if kind == "eagle3"
          else CascadedDrafter(cfg)).attach(tiny.model).eval()
     d.tree_k = 3
+    if kind == "fasteagle-backbone":
+        d.tree_shape = "backbone"
     ids = torch.randint(4, 200, (12,))
     first = {}
     for b in (5, 9, 20):
@@ -189,6 +191,12 @@ def test_a_smaller_budget_drafts_the_best_nodes_of_a_bigger_tree(tiny, kind):
         small = first[b]
         want = sorted((big["tokens"][i], big["depths"][i]) for i in bench.best_nodes(big, b))
         assert sorted(zip(small["tokens"][1:], small["depths"][1:])) == want
+
+
+def test_cpu_results_name_the_model_and_vector_isa():
+    name = bench.device_name(torch.device("cpu"))
+    assert name.startswith("CPU (") and f"{torch.get_num_threads()} threads" in name
+    assert torch.backends.cpu.get_cpu_capability() in name
 
 
 TINY_SHAPE = dict(target_hidden=32, vocab_size=200, width=32, intermediate=64, num_heads=4, num_kv_heads=2,
