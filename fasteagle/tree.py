@@ -151,7 +151,7 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
     below a side node are that depth's top-k again; a side branch worth more than a deep backbone
     node now continues instead of ending as a leaf. The top-1 spine still scores highest at every
     depth, so with nothing else worth its node this is `backbone`; at about 60 nodes it accepts
-    more (see the README's tree table). Built depth by depth with one top-k each: a node
+    more (see the README's results). Built depth by depth with one top-k each: a node
     outside its depth's best `budget - 1` can never be among the best overall.
     """
     dev = topk_ids.device
