@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.packing import PackedLinear, pack_linears
-from fasteagle.tree import DraftTree, backbone, product
+from fasteagle.tree import TREE_BUILDERS, DraftTree
 
 
 @dataclass
@@ -298,8 +298,7 @@ class CascadedDrafter(nn.Module):
         n = probs.shape[0]
         ks = self.tree_k if isinstance(self.tree_k, int) else (list(self.tree_k) + [1] * n)[:n]
         top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
-        build = backbone if self.tree_shape == "backbone" else product
-        return build(root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
+        return TREE_BUILDERS[self.tree_shape](root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, out: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16,

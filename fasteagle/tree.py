@@ -138,9 +138,6 @@ def backbone(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: li
     return make_tree(tokens, parents, probs, sources)
 
 
-TREE_SHAPES = ("product", "backbone")
-
-
 def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: list[int] | int,
             budget: int) -> DraftTree:
     """Backbone expansion with growing side branches: the tree of the `budget - 1` most probable
@@ -182,6 +179,10 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
         return root_only(root, dev)
     tokens, parents, scores, probs, depths = (torch.cat(x) for x in zip(*cand))
     return dynamic(root, tokens, parents, scores, probs, depths, budget)
+
+
+TREE_BUILDERS = {"product": product, "backbone": backbone}  # FastEagle's tree shapes, the default first
+TREE_SHAPES = tuple(TREE_BUILDERS)
 
 
 def dynamic(root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,

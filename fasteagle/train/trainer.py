@@ -30,7 +30,7 @@ from fasteagle.train.teacher import (
     shard_stats,
     teach,
 )
-from fasteagle.tree import backbone, product
+from fasteagle.tree import TREE_BUILDERS
 
 
 @dataclass
@@ -323,9 +323,6 @@ def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> fl
     return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-TREE_BUILDERS = {"product": product, "backbone": backbone}
-
-
 @torch.no_grad()
 def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, k: int | list[int] = 10,
              budget: int = 60) -> dict:
@@ -360,13 +357,14 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         T = L - 1 - N  # start positions with every depth defined
         spine = torch.zeros(N, T, dtype=torch.bool, device=dev)
         leaf = torch.zeros(N, T, dtype=torch.bool, device=dev)
+        logits_all = [drafter.head(outs[d][0], d + 1).float() for d in range(N)]  # every position, each depth
         for d in range(1, N + 1):
-            logits = drafter.head(outs[d - 1][0, :T], d).float()
+            logits = logits_all[d - 1][:T]
             want = drafter.to_draft_ids(target_top1[d:d + T])  # -1 (never matched) outside the vocab
             spine[d - 1] = logits.argmax(-1) == want
             leaf[d - 1] = (logits.topk(ks[d - 1], -1).indices == want[:, None]).any(-1)
         kmax = max(ks)
-        tops = [drafter.head(outs[d][0], d + 1).float().softmax(-1).topk(kmax, -1) for d in range(N)]
+        tops = [logits.softmax(-1).topk(kmax, -1) for logits in logits_all]
         top_p = torch.stack([t.values for t in tops], 1).cpu()  # (L-1, N, kmax)
         top_i = drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)].cpu()
         for shape, walk in walks.items():
