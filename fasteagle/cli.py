@@ -71,8 +71,8 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         ks = [int(x) for x in str(args.tree_k).split(",")]
         d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         d.tree_budget = args.tree_budget
-        if method == "fasteagle":
-            d.tree_shape = getattr(args, "tree_shape", None) or "product"
+        if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
+            d.tree_shape = args.tree_shape
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 

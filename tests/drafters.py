@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from fasteagle.tree import DraftTree, backbone, chain, dynamic, product
+from fasteagle.tree import TREE_BUILDERS, DraftTree, chain, dynamic
 
 
 def one_thread() -> Iterator[None]:
@@ -119,8 +119,7 @@ class RandomDrafter(_ProtocolDrafter):
             toks = torch.randint(0, self.vocab, (self.depth,), generator=self.gen)
             return chain(root, toks, torch.rand(self.depth, generator=self.gen))
         ids = torch.stack([self._distinct(self.kmax) for _ in range(self.depth)])
-        build = product if self.shape == "product" else backbone
-        return build(root, ids, self._sorted_probs(self.depth), self.k, self.budget)
+        return TREE_BUILDERS[self.shape](root, ids, self._sorted_probs(self.depth), self.k, self.budget)
 
 
 class OracleDrafter(_ProtocolDrafter):
@@ -163,8 +162,7 @@ class OracleDrafter(_ProtocolDrafter):
             elif u >= self.side + self.corrupt:
                 row[0] = t
             rows.append(row)
-        build = product if self.shape == "product" else backbone
-        return build(root, torch.stack(rows), self._calibrated_probs(ks), self.k, self.budget)
+        return TREE_BUILDERS[self.shape](root, torch.stack(rows), self._calibrated_probs(ks), self.k, self.budget)
 
     def _calibrated_probs(self, ks: list[int]) -> torch.Tensor:
         """Per depth: the top-1 is right with probability 1 - side - corrupt, each side column with

@@ -367,8 +367,9 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         tops = [logits.softmax(-1).topk(kmax, -1) for logits in logits_all]
         top_p = torch.stack([t.values for t in tops], 1).cpu()  # (L-1, N, kmax)
         top_i = drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)].cpu()
+        seq, reply = ids[0].cpu(), mask[0].cpu()
         for shape, walk in walks.items():
-            tokens, steps = replay_walk(ids[0].cpu(), mask[0].cpu(), top_i, top_p, TREE_BUILDERS[shape], ks, budget)
+            tokens, steps = replay_walk(seq, reply, top_i, top_p, TREE_BUILDERS[shape], ks, budget)
             walk[0] += tokens
             walk[1] += steps
         valid = mask[0, 1:1 + T] & mask[0, N:N + T]  # the drafted span lies inside the reply
