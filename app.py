@@ -134,10 +134,10 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
 
 # Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
 # (bench/results/cpu-smollm2-135m-auto-tree-*.json: on that AVX-512 CPU trees of up to 6 nodes cost
-# about one decode step, 12 cost 1.25x, 64 cost 3.4x, so big trees lose to plain decoding; FastEagle's
-# expected speed-up is 1.45x at 3 nodes, 1.52x at 4 and 6, 1.39x at 8). GPUs verify ~60 nodes for about
-# the price of one.
-CPU_BUDGETS = {"fasteagle": 6, "eagle3": 6, "fasteagle+lookup": 4, "eagle3+lookup": 6}
+# about one decode step, 12 cost 1.25x, 64 cost 3.4x, so big trees lose to plain decoding; the stage-7
+# FastEagle drafter's expected speed-up is 1.41x at 3 nodes, 1.53x at 4 and 6, 1.37x at 8). GPUs verify
+# ~60 nodes for about the price of one.
+CPU_BUDGETS = {"fasteagle": 6, "eagle3": 6, "fasteagle+lookup": 4, "eagle3+lookup": 4}
 GPU_BUDGET = 60
 
 
