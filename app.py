@@ -37,7 +37,7 @@ from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, make_drafter  # noqa:
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, generate  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
-from fasteagle.tree import TREE_SHAPES  # noqa: E402
+from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES  # noqa: E402
 from fasteagle.verify import SamplingParams  # noqa: E402
 from viz.tokens import spans_from_json, spans_to_json  # noqa: E402
 
@@ -134,7 +134,7 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
 
 # Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
 # (bench/results/cpu-smollm2-135m-auto-tree-*.json: on that AVX-512 CPU trees of up to 6 nodes cost
-# about one decode step, 12 cost 1.25x, 64 cost 3.4x, so big trees lose to plain decoding; the stage-7
+# about one decode step, 12 cost 1.2x, 64 cost 3.0-3.5x, so big trees lose to plain decoding; the stage-7
 # FastEagle drafter's expected speed-up is 1.41x at 3 nodes, 1.53x at 4 and 6, 1.37x at 8). GPUs verify
 # ~60 nodes for about the price of one.
 CPU_BUDGETS = {"fasteagle": 6, "eagle3": 6, "fasteagle+lookup": 4, "eagle3+lookup": 4}
@@ -181,7 +181,7 @@ class Request:
     tree_k: str
     tree_budget: int
     seed: int
-    tree_shape: str = "product"  # FastEagle's tree (fasteagle.tree.TREE_SHAPES)
+    tree_shape: str = DEFAULT_TREE_SHAPE  # FastEagle's tree (fasteagle.tree.TREE_SHAPES)
 
 
 def _timed(gen: Iterator) -> Iterator[tuple[Any, float]]:
@@ -243,7 +243,7 @@ class Engine:
         return "".join(self.label(i) for i in ids)
 
     def request(self, prompt: str | None, method: str, temperature: float, max_new_tokens: float, tree_k: str,
-                tree_budget: float, seed: float, tree_shape: str | None = "product") -> Request:
+                tree_budget: float, seed: float, tree_shape: str | None = DEFAULT_TREE_SHAPE) -> Request:
         """Validate the inputs; every problem is a one-line FastEagleError."""
         prompt = prompt or ""
         if not prompt.strip():
@@ -270,7 +270,7 @@ class Engine:
                 from None
         if not ks or any(not 1 <= k <= 64 for k in ks):
             raise FastEagleError("every top-k must be between 1 and 64")
-        shape = tree_shape or "product"
+        shape = tree_shape or DEFAULT_TREE_SHAPE
         if shape not in TREE_SHAPES:
             raise FastEagleError(f"unknown tree shape {shape!r}; choose one of {', '.join(TREE_SHAPES)}")
         return Request(prompt, self.method(method), temp, max_new, ",".join(map(str, ks)), budget, seed_i, shape)
@@ -454,7 +454,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                                        info="tree nodes the drafter verifies per step, root included "
                                             "(lookup's branches come on top)")
                     tree_shape = gr.Radio([("side branches continue", "product"),
-                                           ("paper's backbone (side leaves)", "backbone")], value="product",
+                                           ("paper's backbone (side leaves)", "backbone")], value=DEFAULT_TREE_SHAPE,
                                           label="Tree shape (FastEagle)", elem_id="tree-shape",
                                           info="both keep the most probable nodes; the paper's lets nothing grow "
                                                "below a runner-up")
@@ -529,7 +529,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 upd[badge] = '<div class="badge info">no vanilla decode in this trace</div>'
             return upd
 
-        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape="product"):
+        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape=DEFAULT_TREE_SHAPE):
             try:
                 req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape)
                 ids = engine.prompt_ids(req)

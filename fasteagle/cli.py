@@ -26,7 +26,7 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
-    from fasteagle.tree import TREE_SHAPES
+    from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES
 
     p.add_argument("--drafter", default=None,
                    help=f"FastEagle drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name})")
@@ -34,7 +34,7 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    help=f"EAGLE-3-style drafter directory (default: assets/drafters/{DEFAULT_EAGLE3.name})")
     p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
     p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
-    p.add_argument("--tree-shape", dest="tree_shape", choices=TREE_SHAPES, default="product",
+    p.add_argument("--tree-shape", dest="tree_shape", choices=TREE_SHAPES, default=DEFAULT_TREE_SHAPE,
                    help="fasteagle's tree: product (side branches continue, the default) or backbone (the paper's "
                         "constrained tree: side branches are leaves)")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.packing import PackedLinear, pack_linears
-from fasteagle.tree import TREE_BUILDERS, DraftTree
+from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree
 
 
 @dataclass
@@ -111,7 +111,7 @@ class CascadedDrafter(nn.Module):
         self.feature_layers = tuple(cfg.feature_layers)
         self.tree_k: list[int] | int = 10  # top-k per depth (an int, or one per depth)
         self.tree_budget = 60
-        self.tree_shape = "product"  # or "backbone": the paper's constrained tree (side branches are leaves)
+        self.tree_shape = DEFAULT_TREE_SHAPE  # "backbone": the paper's constrained tree (side branches are leaves)
         self.cache: KVCache | None = None
         self.last: torch.Tensor | None = None
         self.active_layers = cfg.num_layers  # layers run per decode, fixed at `reset`

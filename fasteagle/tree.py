@@ -183,6 +183,7 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
 
 TREE_BUILDERS = {"product": product, "backbone": backbone}  # FastEagle's tree shapes, the default first
 TREE_SHAPES = tuple(TREE_BUILDERS)
+DEFAULT_TREE_SHAPE = TREE_SHAPES[0]
 
 
 def dynamic(root: int, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor,
