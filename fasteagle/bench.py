@@ -378,7 +378,7 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
     return doc
 
 
-def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64),
               max_new: int = 64, seed: int = 0) -> dict:
     """Pick the tree budget B that maximises expected tokens/s on this device, and set it:
 

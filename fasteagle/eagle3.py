@@ -56,6 +56,12 @@ class AutoregressiveDrafter(CascadedDrafter):
     def num_depths(self) -> int:
         return self.cfg.depth
 
+    @property
+    def draft_depths(self) -> int:
+        """Depths a draft runs: a tree of `tree_budget` nodes (root included) keeps none deeper than
+        tree_budget-1 (every kept node's ancestors are kept too), so passes beyond are wasted."""
+        return max(1, min(self.cfg.depth, int(self.tree_budget) - 1))
+
     def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
         return super().head(h, 1)  # one layer, one norm, whatever the depth
 
@@ -65,9 +71,7 @@ class AutoregressiveDrafter(CascadedDrafter):
         e = self._frozen[0](next_ids).to(g.dtype)
         x = self.in_proj(torch.cat([self.norm_embed(e), self.norm_g(g)], -1))
         pe = self.rotary(x, position_ids)
-        y = self.layers[0](x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                           use_cache=cache is not None, position_embeddings=pe)
-        return y[0] if isinstance(y, tuple) else y
+        return self.run_layer(0, x, position_ids, pe, mask, cache)
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
         """Training-time test: `depth` unrolled steps over whole sequences.
@@ -127,7 +131,7 @@ class AutoregressiveDrafter(CascadedDrafter):
         frontier = torch.arange(k, device=dev)  # candidate indices to expand next
         expanded = torch.empty(0, dtype=torch.long, device=dev)  # candidates with rows in the cache
         anc = torch.eye(k, dtype=torch.bool, device=dev)  # anc[c, a]: a is c or an ancestor of c
-        for d in range(2, self.cfg.depth + 1):
+        for d in range(2, self.draft_depths + 1):
             f = frontier.numel()
             rows = torch.cat([expanded, frontier])
             allowed = torch.ones(f, prefix + rows.numel(), dtype=torch.bool, device=dev)

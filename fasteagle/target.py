@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ class Target:
     tokenizer: object
     name: str
     packed: int = 0  # linear layers running on prepacked CPU weights (fasteagle.packing)
+    _stop_ids: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
@@ -42,14 +43,16 @@ class Target:
         return next(self.model.parameters()).dtype
 
     def stop_ids(self) -> set[int]:
-        """Token ids that end a reply: EOS and the chat template's end-of-turn marker."""
-        ids = set()
-        for tid in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
-            ids.update(tid if isinstance(tid, (list, tuple)) else [tid])
-        for tok in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"):
-            tid = self.tokenizer.convert_tokens_to_ids(tok) if tok in self.tokenizer.get_vocab() else None
-            ids.add(tid)
-        return {i for i in ids if isinstance(i, int) and i >= 0}
+        """Token ids that end a reply: EOS and the chat template's end-of-turn marker. Worked out once:
+        reading a tokenizer's vocabulary takes tens of ms, and every generation asks."""
+        if self._stop_ids is None:
+            ids = set()
+            for tid in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+                ids.update(tid if isinstance(tid, (list, tuple)) else [tid])
+            vocab = self.tokenizer.get_vocab()
+            ids.update(vocab.get(tok) for tok in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"))
+            self._stop_ids = frozenset(i for i in ids if isinstance(i, int) and i >= 0)
+        return set(self._stop_ids)
 
 
 def default_device() -> torch.device:

@@ -64,6 +64,30 @@ def test_dynamic_tree_keeps_the_best_ancestor_closed_nodes():
         assert tree.parents[i] < i
 
 
+@pytest.mark.parametrize("budget", [2, 3, 5])
+def test_a_small_tree_drafts_only_the_depths_it_can_reach(tiny, budget, monkeypatch):
+    """A tree of B nodes reaches depth B-1 at most: drafting stops there, with no layer pass wasted
+    on depths the rerank would drop, and gives exactly the tree all seven depths would have given."""
+    ids = torch.randint(4, TINY_VOCAB, (12,))
+    f = feats(tiny, ids[None], make(tiny).cfg.feature_layers)[0]
+    trees, passes = [], []
+    for capped in (True, False):
+        if not capped:
+            monkeypatch.setattr(AutoregressiveDrafter, "draft_depths", property(lambda self: self.cfg.depth))
+        d = make(tiny, depth=7)
+        d.tree_k, d.tree_budget = 3, budget
+        d.reset(64)
+        d.extend(ids, f, 5)
+        calls = []
+        d.run_layer = lambda *a, _run=d.run_layer, _calls=calls, **kw: _calls.append(1) or _run(*a, **kw)
+        trees.append(d.draft(5))
+        passes.append(len(calls))
+    assert passes == [budget - 2, 6]
+    assert trees[0].size == budget
+    for name in ("tokens", "parents", "depths"):
+        assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
+
+
 @pytest.mark.parametrize("k,budget,depth", [(1, 8, 7), (4, 20, 4), (10, 60, 7)])
 def test_eagle3_drafting_is_lossless(tiny, k, budget, depth):
     d = make(tiny, depth=depth)
