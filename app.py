@@ -134,10 +134,10 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
 
 # Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
 # (bench/results/cpu-smollm2-135m-auto-tree-*.json: on that AVX-512 CPU trees of up to 6 nodes cost
-# about one decode step, 12 cost 1.2x, 64 cost 3.0-3.5x, so big trees lose to plain decoding; the stage-7
-# FastEagle drafter's expected speed-up is 1.41x at 3 nodes, 1.53x at 4 and 6, 1.37x at 8). GPUs verify
-# ~60 nodes for about the price of one.
-CPU_BUDGETS = {"fasteagle": 6, "eagle3": 6, "fasteagle+lookup": 4, "eagle3+lookup": 4}
+# about one decode step, 12 cost 1.2x, 64 cost 3.4x, so big trees lose to plain decoding; the stage-8
+# FastEagle drafter's expected speed-up is 1.38x at 3 nodes, 1.46x at 4, 1.49x at 5, 1.55x at 6, 1.44x at 8).
+# GPUs verify ~60 nodes for about the price of one.
+CPU_BUDGETS = {"fasteagle": 6, "eagle3": 5, "fasteagle+lookup": 5, "eagle3+lookup": 3}
 GPU_BUDGET = 60
 
 
