@@ -35,9 +35,10 @@ class FusedLayer:
         return a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj
 
     def _refresh(self) -> None:
-        """(Re)build the merged weights when a source weight changed (training, `.to`) since."""
+        """(Re)build the merged weights when a source changed since: its weight (training, `.to`,
+        loading) or its kind (`pack_linears` swapped it for a prepacked one)."""
         srcs = self._sources()
-        version = tuple((id(s.weight), s.weight.dtype, s.weight.device,
+        version = tuple((type(s), id(s.weight), s.weight.dtype, s.weight.device,
                          0 if s.weight.is_inference() else s.weight._version) for s in srcs)
         if version == self._version:
             return

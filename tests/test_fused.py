@@ -13,7 +13,7 @@ from fasteagle import packing
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask
-from fasteagle.packing import pack_linears
+from fasteagle.packing import PackedLinear, pack_linears
 from tests.drafters import one_thread
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
@@ -95,3 +95,18 @@ def test_the_drafter_uses_it_only_without_autograd(tiny):
     assert drafter._fused is not None
     for a, b in zip(outs, lean):
         torch.testing.assert_close(a.detach(), b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not packing.available(), reason="this PyTorch build has no oneDNN linear ops")
+def test_packing_the_layer_after_first_use_packs_the_merged_products_too():
+    layer, rope = layer_and_rope()
+    fused = FusedLayer(layer)
+    x = torch.randn(1, 3, 32)
+    pos = torch.arange(3)[None]
+    with torch.no_grad():
+        fused(x, rope(x, pos), None)
+        assert not isinstance(fused.qkv, PackedLinear)
+        pack_linears(layer)
+        got = fused(x, rope(x, pos), None)
+        assert isinstance(fused.qkv, PackedLinear) and isinstance(fused.gate_up, PackedLinear)
+        torch.testing.assert_close(got, stock(layer, x, pos, rope), rtol=1e-5, atol=1e-5)
