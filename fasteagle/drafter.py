@@ -113,7 +113,7 @@ class CascadedDrafter(nn.Module):
         self.feature_layers = tuple(cfg.feature_layers)
         self.tree_k: list[int] | int = 10  # top-k per depth (an int, or one per depth)
         self.tree_budget = 60
-        self.tree_shape = DEFAULT_TREE_SHAPE  # "backbone": the paper's constrained tree (side branches are leaves)
+        self.tree_shape = DEFAULT_TREE_SHAPE  # or "backbone": the paper's constrained tree (side branches are leaves)
         self.cache: KVCache | None = None
         self.last: torch.Tensor | None = None
         self.active_layers = cfg.num_layers  # layers run per decode, fixed at `reset`
@@ -163,6 +163,12 @@ class CascadedDrafter(nn.Module):
     def num_depths(self) -> int:
         """How many depths one draft covers (the cascade: one per layer)."""
         return self.cfg.num_layers
+
+    @property
+    def draft_depths(self) -> int:
+        """Depths a draft at `tree_budget` can use: a tree of B nodes (root included) keeps none deeper
+        than B-1 (every kept node's ancestors are kept too), so work for deeper ones is wasted."""
+        return max(1, min(self.num_depths, int(self.tree_budget) - 1))
 
     # -- network --------------------------------------------------------------------------------
     def attach(self, target_model: nn.Module, check: bool = True) -> CascadedDrafter:
@@ -280,7 +286,7 @@ class CascadedDrafter(nn.Module):
             self.cache = KVCache(self.cfg.num_layers, capacity)
         self.cache.reset()
         self.last = None
-        self.active_layers = max(1, min(self.cfg.num_layers, int(self.tree_budget) - 1))
+        self.active_layers = self.draft_depths
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:

@@ -56,12 +56,6 @@ class AutoregressiveDrafter(CascadedDrafter):
     def num_depths(self) -> int:
         return self.cfg.depth
 
-    @property
-    def draft_depths(self) -> int:
-        """Depths a draft runs: a tree of `tree_budget` nodes (root included) keeps none deeper than
-        tree_budget-1 (every kept node's ancestors are kept too), so passes beyond are wasted."""
-        return max(1, min(self.cfg.depth, int(self.tree_budget) - 1))
-
     def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
         return super().head(h, 1)  # one layer, one norm, whatever the depth
 
@@ -131,7 +125,7 @@ class AutoregressiveDrafter(CascadedDrafter):
         frontier = torch.arange(k, device=dev)  # candidate indices to expand next
         expanded = torch.empty(0, dtype=torch.long, device=dev)  # candidates with rows in the cache
         anc = torch.eye(k, dtype=torch.bool, device=dev)  # anc[c, a]: a is c or an ancestor of c
-        for d in range(2, self.draft_depths + 1):
+        for d in range(2, self.draft_depths + 1):  # no pass for depths the tree budget cannot keep
             f = frontier.numel()
             rows = torch.cat([expanded, frontier])
             allowed = torch.ones(f, prefix + rows.numel(), dtype=torch.bool, device=dev)
