@@ -192,7 +192,8 @@ def _linears(d: dict) -> str:
     """Which linear layers a result ran on (`fasteagle.packing`); results from before the choice say nothing."""
     if "packed_linears" not in d:
         return ""
-    return ", prepacked linears" if d["packed_linears"] else ", stock linears"
+    drafters = f", {d['draft_weights']} drafter weights" if d.get("draft_weights") else ""
+    return (", prepacked linears" if d["packed_linears"] else ", stock linears") + drafters
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -244,7 +245,8 @@ def _repo_path(path: str | None) -> str | None:
 def drafter_summary(drafter) -> dict:
     """Which trained drafter a result measured: its directory and what its training cost."""
     t, h = drafter.info.get("training") or {}, drafter.info.get("holdout") or {}
-    return {"path": _repo_path(getattr(drafter, "path", None)), "steps": t.get("steps_all", t.get("steps")),
+    return {"path": _repo_path(getattr(drafter, "path", None)), "weights": getattr(drafter, "packing", None),
+            "steps": t.get("steps_all", t.get("steps")),
             "train_minutes": t.get("train_minutes_all", t.get("train_minutes")),
             "train_tokens": t.get("train_tokens"), "device": t.get("device"),
             "holdout_tau_backbone": h.get("tau_backbone")}
@@ -526,12 +528,13 @@ class _BorrowedEnds(torch.nn.Module):
 @torch.inference_mode()
 def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: int = 128, accepted: int = 3,
                     reps: int = 5, device: str | torch.device | None = None, dtype: str | None = None,
-                    pack: bool | None = None) -> dict:
+                    pack: bool | None = None, int8: bool | None = None) -> dict:
     """Median time of one draft step -- feed `accepted` new positions, then build the ~60-node tree --
     of the cascade (one pass through N layers) and of the EAGLE-3-style drafter (one layer, run once
     per depth), with random weights at a model shape. The gap is the single-pass advantage.
 
-    Both drafters get prepacked linears where the engine would give them (fp32 CPU; `pack`=False: stock)."""
+    Both drafters get prepacked linears where the engine would give them (fp32 CPU; `pack`=False: stock),
+    with int8 weights unless `int8` is False (`CascadedDrafter.pack_for_cpu`)."""
     from fasteagle.drafter import CascadedDrafter, DrafterConfig
     from fasteagle.eagle3 import AutoregressiveDrafter
 
@@ -546,7 +549,7 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
     feats = torch.randn(prefix + accepted, 3 * dims["target_hidden"], generator=g).to(dev, dtype)
     ids = torch.randint(dims["vocab_size"], (prefix + accepted + 1,), generator=g).to(dev)
     out = {"shape": shape if isinstance(shape, str) else "custom", "device": device_name(dev), "dtype": str(dtype),
-           "prefix": prefix, "accepted": accepted, "packed_linears": int(pack), "ms": {}}
+           "prefix": prefix, "accepted": accepted, "packed_linears": int(pack), "draft_weights": None, "ms": {}}
     for depth in tqdm(depths, desc="draft step"):
         row = {}
         for kind, cls in (("fasteagle", CascadedDrafter), ("eagle3", AutoregressiveDrafter)):
@@ -555,7 +558,8 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
                 cfg = AutoregressiveDrafter.config_for(cfg, depth)
             d = cls(cfg).to(dev, dtype).eval().attach(ends, check=False)
             if pack:
-                d.pack_for_cpu()
+                d.pack_for_cpu(int8)
+            out["draft_weights"] = d.packing
             d.reset(prefix + accepted + 8)
             d.extend(ids[:prefix], feats[:prefix], int(ids[prefix]))
             times = []

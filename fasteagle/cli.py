@@ -32,6 +32,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    help=f"FastEagle drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name})")
     p.add_argument("--eagle3-drafter", dest="eagle3_drafter", default=None,
                    help=f"EAGLE-3-style drafter directory (default: assets/drafters/{DEFAULT_EAGLE3.name})")
+    p.add_argument("--no-draft-int8", dest="draft_int8", action="store_const", const=False, default=None,
+                   help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
+                        "same either way, only the draft's speed and acceptance move)")
     p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
     p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
     p.add_argument("--tree-shape", dest="tree_shape", choices=TREE_SHAPES, default=DEFAULT_TREE_SHAPE,
@@ -67,7 +70,7 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         cls = CascadedDrafter if method == "fasteagle" else AutoregressiveDrafter
         default = DEFAULT_DRAFTER if method == "fasteagle" else DEFAULT_EAGLE3
         path = path or getattr(args, "drafter" if method == "fasteagle" else "eagle3_drafter", None) or default
-        d = cls.load(path, target.model)
+        d = cls.load(path, target.model, getattr(args, "draft_int8", None))
         ks = [int(x) for x in str(args.tree_k).split(",")]
         d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         d.tree_budget = args.tree_budget
@@ -155,7 +158,7 @@ def cmd_bench(args) -> int:
     if args.draft_step:
         depths = tuple(int(x) for x in args.depths.split(","))
         return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
-                                                            pack=args.pack), args.out)
+                                                            pack=args.pack, int8=args.draft_int8), args.out)
     target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     if args.verify_cost:
         sizes = tuple(int(x) for x in args.verify_cost.split(","))
@@ -178,6 +181,7 @@ def cmd_bench(args) -> int:
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "tree_k": args.tree_k, "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
                 "dtype": str(target.dtype), "packed_linears": target.packed,
+                "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
                 "drafters": _drafter_summaries(methods)}
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}

@@ -21,10 +21,11 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from fasteagle import packing
 from fasteagle.errors import FastEagleError
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
-from fasteagle.packing import PackedLinear, pack_linears
+from fasteagle.packing import PackedLinear, WeightCopy, copy_class, pack_linears
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree
 
 
@@ -106,8 +107,8 @@ class CascadedDrafter(nn.Module):
         # draft index -> target token id; saved with the weights, set by `set_vocab`
         self.register_buffer("vocab_ids", torch.arange(cfg.draft_vocab or cfg.vocab_size))
         self._head_w: torch.Tensor | None = None  # the target LM head's rows for vocab_ids
-        self._head_packed: PackedLinear | None = None  # _head_w prepacked (CPU inference)
-        self.packed = False
+        self._head_packed: WeightCopy | None = None  # the head's inference copy (CPU inference)
+        self.packing: str | None = None  # "fp32" or "int8" once `pack_for_cpu` ran (a `packing.KINDS` key)
         self._fused: list[FusedLayer] | None = None  # inference forwards of self.layers, made at first use
         self._frozen: tuple[nn.Module, nn.Module] | None = None  # target's (embedding, lm_head), not ours
         self.feature_layers = tuple(cfg.feature_layers)
@@ -222,18 +223,29 @@ class CascadedDrafter(nn.Module):
         return self.vocab_logits(z)
 
     def vocab_logits(self, z: torch.Tensor) -> torch.Tensor:
-        """The frozen LM head over the draft vocab (prepacked when `pack_for_cpu` ran)."""
+        """The frozen LM head over the draft vocab (through the `packing` kind's copy once
+        `pack_for_cpu` ran; the target's own head is never changed)."""
         w = self.head_weight()
-        if not self.packed:
+        if not self.packing:
             return F.linear(z.to(w.dtype), w)
-        if self._head_packed is None or self._head_packed.weight is not w:
-            self._head_packed = PackedLinear(w)
+        cls = copy_class(self.packing, w.shape[1])
+        if type(self._head_packed) is not cls or self._head_packed.weight is not w:
+            self._head_packed = cls(w)
         return self._head_packed(z.to(w.dtype))
 
-    def pack_for_cpu(self) -> CascadedDrafter:
-        """Prepack the linear layers and the head for fp32 CPU inference (`fasteagle.packing`);
-        training still works (the packed product steps aside under autograd)."""
-        self.packed = pack_linears(self) > 0
+    @property
+    def packed(self) -> bool:
+        return self.packing is not None
+
+    def pack_for_cpu(self, int8: bool | None = None) -> CascadedDrafter:
+        """Give the linear layers and the head inference copies for fp32 CPU work (`fasteagle.packing`):
+        int8 weights where available (default; `int8=False` or FASTEAGLE_DRAFT_INT8=0: fp32 prepacked).
+        Int8 changes the draft's numbers a little, never the output: the fp32 target verifies it.
+        Training still works (the copies step aside under autograd)."""
+        want_int8 = packing.int8_wanted() if int8 is None else int8 and packing.int8_available()
+        n_int8 = pack_linears(self, "int8") if want_int8 else 0
+        n_fp32 = pack_linears(self, "fp32")  # what int8 skipped or could not take
+        self.packing = "int8" if n_int8 else "fp32" if n_fp32 else None
         return self
 
     def forward(self, *args, **kwargs):
@@ -344,8 +356,9 @@ class CascadedDrafter(nn.Module):
         (out / "config.json").write_text(json.dumps(asdict(self.cfg) | (extra or {}), indent=2))
 
     @classmethod
-    def load(cls, path: str | Path, target_model: nn.Module | None = None) -> CascadedDrafter:
-        """Load from a directory; with `target_model`, attach to it (refusing a mismatch)."""
+    def load(cls, path: str | Path, target_model: nn.Module | None = None, int8: bool | None = None) -> CascadedDrafter:
+        """Load from a directory; with `target_model`, attach to it (refusing a mismatch). A drafter
+        of a prepacked (fp32 CPU) target is packed too, with int8 weights unless `int8` is False."""
         from safetensors.torch import load_file
 
         path = Path(path)
@@ -366,11 +379,11 @@ class CascadedDrafter(nn.Module):
             p = next(target_model.parameters())
             drafter.to(p.device, p.dtype).eval()
             if any(isinstance(m, PackedLinear) for m in target_model.modules()):  # pack when the target is
-                drafter.pack_for_cpu()
+                drafter.pack_for_cpu(int8)
         return drafter
 
 
-def load_drafter(path: str | Path, target_model: nn.Module | None = None) -> CascadedDrafter:
+def load_drafter(path: str | Path, target_model: nn.Module | None = None, int8: bool | None = None) -> CascadedDrafter:
     """Load whichever kind of drafter `path` holds (FastEagle cascade or EAGLE-3 style)."""
     from fasteagle.eagle3 import AutoregressiveDrafter
 
@@ -379,7 +392,7 @@ def load_drafter(path: str | Path, target_model: nn.Module | None = None) -> Cas
     cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter)}.get(kind)
     if cls is None:
         raise FastEagleError(f"{path} holds an unknown drafter kind {kind!r}")
-    return cls.load(path, target_model)
+    return cls.load(path, target_model, int8)
 
 
 def check_fingerprint(cfg: DrafterConfig, target_model: nn.Module) -> None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, apply_rotary_pos_emb
 
-from fasteagle.packing import PackedLinear
+from fasteagle.packing import WeightCopy
 
 
 class FusedLayer:
@@ -36,7 +36,7 @@ class FusedLayer:
 
     def _refresh(self) -> None:
         """(Re)build the merged weights when a source changed since: its weight (training, `.to`,
-        loading) or its kind (`pack_linears` swapped it for a prepacked one)."""
+        loading) or its kind (`pack_linears` swapped it for a prepacked or int8 one)."""
         srcs = self._sources()
         version = tuple((type(s), id(s.weight), s.weight.dtype, s.weight.device,
                          0 if s.weight.is_inference() else s.weight._version) for s in srcs)
@@ -44,9 +44,9 @@ class FusedLayer:
             return
         with torch.no_grad():
             self.qkv, self.gate_up = _merge(srcs[:3]), _merge(srcs[3:])
-        for s in srcs:  # their own blocked copies are not used by this forward: free them
-            if isinstance(s, PackedLinear):
-                s._packed, s._version = None, -1
+        for s in srcs:  # their own inference copies are not used by this forward: free them
+            if isinstance(s, WeightCopy):
+                s.release()
         self._version = version
 
     def __call__(self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
@@ -75,13 +75,14 @@ class FusedLayer:
 
 
 def _merge(linears: tuple[nn.Module, ...]) -> nn.Module:
-    """One linear layer whose output is the concatenation of `linears`' outputs (prepacked if they are)."""
+    """One linear layer whose output is the concatenation of `linears`' outputs (of their kind:
+    prepacked or int8 if they are)."""
     weight = torch.cat([m.weight.detach() for m in linears])
     biases = [m.bias for m in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else weight.new_zeros(m.out_features) for m, b in zip(linears, biases)])
-    if isinstance(linears[0], PackedLinear):
-        return PackedLinear(weight, bias)
+    if isinstance(linears[0], WeightCopy):
+        return type(linears[0])(weight, bias)
     merged = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
     merged.weight, merged.bias = nn.Parameter(weight, requires_grad=False), \
         None if bias is None else nn.Parameter(bias, requires_grad=False)

@@ -1,6 +1,6 @@
 """fasteagle.fused: the lean inference forward gives the stock decoder layer's output (causal, with
-a KV cache and a tree mask, GQA, biases, prepacked weights), follows weight changes, and the
-drafters use it only without autograd."""
+a KV cache and a tree mask, GQA, biases, prepacked weights; close to it with int8 weights), follows
+weight changes, and the drafters use it only without autograd."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fasteagle import packing
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask
-from fasteagle.packing import PackedLinear, pack_linears
+from fasteagle.packing import Int8Linear, PackedLinear, pack_linears
 from tests.drafters import one_thread
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
@@ -110,3 +110,19 @@ def test_packing_the_layer_after_first_use_packs_the_merged_products_too():
         got = fused(x, rope(x, pos), None)
         assert isinstance(fused.qkv, PackedLinear) and isinstance(fused.gate_up, PackedLinear)
         torch.testing.assert_close(got, stock(layer, x, pos, rope), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not packing.int8_available(), reason="no vectorised int8-weight product here")
+def test_int8_layers_merge_into_int8_products_and_free_their_own_copies():
+    layer, rope = layer_and_rope()
+    fused = FusedLayer(layer)
+    x = torch.randn(1, 3, 32)
+    pos = torch.arange(3)[None]
+    with torch.no_grad():
+        want = stock(layer, x, pos, rope)
+        assert pack_linears(layer, "int8") == 7
+        got = fused(x, rope(x, pos), None)
+    assert isinstance(fused.qkv, Int8Linear) and isinstance(fused.gate_up, Int8Linear)
+    assert layer.self_attn.q_proj._copy is None and layer.mlp.up_proj._copy is None  # released: unused here
+    assert isinstance(layer.self_attn.o_proj, Int8Linear) and layer.self_attn.o_proj._copy is not None
+    assert float((got - want).norm() / want.norm()) < 0.02  # int8 weights: close, not equal

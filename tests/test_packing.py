@@ -1,6 +1,6 @@
 """fasteagle.packing: prepacked CPU linears give the plain layers' numbers, keep the weights the
 model and its drafter read, step aside under autograd, follow in-place weight changes, and leave
-decoding token for token the same."""
+decoding token for token the same. Int8 drafter weights stay close to fp32 and never change the output."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 from fasteagle import packing
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.generate import run
-from fasteagle.packing import PackedLinear, pack_linears
+from fasteagle.packing import Int8Linear, PackedLinear, pack_linears
 from fasteagle.target import Target
 from tests.conftest import tiny_target
 from tests.drafters import OracleDrafter, one_thread
@@ -113,8 +113,8 @@ def test_a_packed_drafter_drafts_what_the_plain_one_drafts(tiny, tmp_path):
     cfg = DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, draft_vocab=64)
     CascadedDrafter(cfg).save(tmp_path / "d", dtype=torch.float32)
     plain = CascadedDrafter.load(tmp_path / "d", tiny.model)
-    fast = CascadedDrafter.load(tmp_path / "d", packed.model)  # a packed target gets a packed drafter
-    assert not plain.packed and fast.packed
+    fast = CascadedDrafter.load(tmp_path / "d", packed.model, int8=False)  # a packed target gets a packed drafter
+    assert not plain.packed and fast.packing == "fp32"
     ids = torch.randint(4, 320, (9,), generator=torch.Generator().manual_seed(1))
     feats = torch.randn(9, len(cfg.feature_layers) * cfg.target_hidden)
     with torch.inference_mode():
@@ -123,3 +123,86 @@ def test_a_packed_drafter_drafts_what_the_plain_one_drafts(tiny, tmp_path):
             d.extend(ids, feats, 7)
         torch.testing.assert_close(fast.depth_probs(), plain.depth_probs(), rtol=1e-4, atol=1e-5)
         assert fast.draft(7).tokens.tolist() == plain.draft(7).tokens.tolist()
+
+
+# -- int8 drafter weights ---------------------------------------------------------------------------
+needs_int8 = pytest.mark.skipif(not packing.int8_available(), reason="no vectorised int8-weight product here")
+
+
+@needs_int8
+@pytest.mark.parametrize("shape", [(64,), (5, 64), (1, 3, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_product_is_close_to_the_plain_one(shape, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 300, bias=bias)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        want = lin(x)
+        got = Int8Linear.from_linear(lin)(x)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    err = float((got - want).norm() / want.norm())
+    assert 0 < err < 0.02  # approximate (int8 weights, bf16 activations), but close
+
+
+@needs_int8
+def test_int8_follows_weight_changes_and_steps_aside_under_autograd():
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 40, bias=False)
+    q = Int8Linear.from_linear(lin)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        before = q(x)
+        lin.weight.mul_(2.0)
+        torch.testing.assert_close(q(x), 2 * before, rtol=2e-2, atol=1e-3)
+    y = q(x.requires_grad_())  # training sees the exact fp32 product and its gradient
+    torch.testing.assert_close(y, lin(x))
+    y.sum().backward()
+    assert lin.weight.grad is not None
+    q.release()
+    assert q._copy is None
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), lin(x), rtol=2e-2, atol=2e-2)  # made again on use
+
+
+@needs_int8
+def test_int8_packing_swaps_prepacked_layers_and_spares_what_its_kernel_cannot_take():
+    model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    assert pack_linears(model) == 3
+    assert pack_linears(model, "int8") == 2  # rows of 8 values: PyTorch's int8 kernel would read past them
+    assert [type(m) for m in model[::2]] == [Int8Linear, Int8Linear, PackedLinear]
+    assert packing.copy_class("int8", 8) is PackedLinear and packing.copy_class("int8", 48) is Int8Linear
+    odd = Int8Linear(torch.randn(5, 8))
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(odd(x), x @ odd.weight.T)  # made directly: the plain product, never the kernel
+    assert pack_linears(nn.Sequential(nn.Linear(16, 16)).to(torch.bfloat16), "int8") == 0
+
+
+@needs_int8
+def test_int8_drafter_drafts_close_to_fp32_and_decoding_stays_lossless(tiny, tmp_path, monkeypatch):
+    packed = packed_copy(tiny)
+    cfg = DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, draft_vocab=64)
+    CascadedDrafter(cfg).init_from_target(tiny.model).save(tmp_path / "d", dtype=torch.float32)
+    fp32 = CascadedDrafter.load(tmp_path / "d", packed.model, int8=False)
+    int8 = CascadedDrafter.load(tmp_path / "d", packed.model)  # the default where available
+    assert fp32.packing == "fp32" and int8.packing == "int8"
+    n_int8 = sum(isinstance(m, Int8Linear) for m in int8.modules())
+    assert n_int8 == sum(type(m) is PackedLinear for m in fp32.modules())
+    monkeypatch.setenv("FASTEAGLE_DRAFT_INT8", "0")
+    assert CascadedDrafter.load(tmp_path / "d", packed.model).packing == "fp32"
+    ids = torch.randint(4, 320, (9,), generator=torch.Generator().manual_seed(1))
+    feats = torch.randn(9, len(cfg.feature_layers) * cfg.target_hidden)
+    with torch.inference_mode():
+        for d in (fp32, int8):
+            d.reset(64)
+            d.extend(ids, feats, 7)
+        p, q = fp32.depth_probs(), int8.depth_probs()
+        assert not torch.equal(p, q)
+        torch.testing.assert_close(q, p, rtol=0, atol=0.05)
+    g = torch.Generator().manual_seed(5)
+    for seed in range(2):
+        prompt = torch.randint(4, 320, (10,), generator=g)
+        ref, _ = run(packed, prompt, max_new_tokens=30)
+        int8.tree_budget = 8
+        out, _ = run(packed, prompt, drafter=int8, max_new_tokens=30, seed=seed)
+        assert out == ref
