@@ -98,7 +98,16 @@ class KVCache(Cache):
             )
 
     def keep(self, idx: torch.Tensor) -> None:
-        """Commit the accepted rows (indices into the last forward's rows) as the new prefix end."""
+        """Commit the accepted rows (indices into the last forward's rows) as the new prefix end.
+
+        Rows 0..n-1 already sit where they belong (always so in plain decoding, and whenever a
+        draft is rejected at depth 1 or accepted only there): then nothing moves, saving two copies
+        per layer (60 small ops on SmolLM2, about half a millisecond per step on a CPU)."""
+        n = idx.numel()
+        if idx.tolist() == list(range(n)):
+            for layer in self.layers:
+                layer.length = layer.start + n
+            return
         for layer in self.layers:
             layer.keep(idx)
 

@@ -142,6 +142,25 @@ def test_keep_reorders_rows():
     assert layer.values[0, 0, :5, 0].tolist() == [0, 1, 20, 40, 50]
 
 
+def test_keeping_the_leading_rows_moves_nothing_and_drops_the_rest(tiny):
+    """keep(0..n-1), plain decoding's commit, only sets the length; the next forward then overwrites
+    the dropped rows, and the cache still equals a fresh prefill."""
+    model = tiny.model
+    seq = torch.tensor([3, 17, 42, 8, 99])
+    cache, _ = prefill(model, seq)
+    tree = random_tree(6, torch.Generator().manual_seed(7))
+    tree_forward(model, cache, tree)
+    before = [layer.keys.clone() for layer in cache.layers]
+    path = torch.tensor([0, 1])  # node 1 always hangs from the root
+    cache.keep(path)
+    assert cache.length == seq.numel() + path.numel()
+    assert all(torch.equal(layer.keys, k) for layer, k in zip(cache.layers, before))  # nothing moved
+    seq = torch.cat([seq, tree.tokens[path]])
+    nxt = root_only(250)
+    a, _ = tree_forward(model, cache, nxt)
+    assert (a[0] - plain_logits(model, torch.cat([seq, nxt.tokens]))).abs().max() < TOL
+
+
 # -- overflow, truncate, reset -----------------------------------------------------------------
 
 def test_reserve_raises_before_anything_is_written(tiny):
