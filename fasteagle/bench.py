@@ -386,7 +386,8 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 5,
 
         tokens/s(B) = tokens per step(B) / (draft ms(B) + verify ms(B))
 
-    verify ms(B) is this device's cost of one target forward over the tree B gives (`verify_cost`),
+    verify ms(B) is this device's cost of one target forward over the tree B gives (`verify_cost`,
+    made non-decreasing in tree size by `nondecreasing`),
     draft ms(B) the drafter's measured step at budget B, and tokens per step(B) comes from the
     drafter's own acceptance, replayed: one greedy decode at the largest budget records every tree
     and its accepted path; the tree budget B would have drafted is the best B-1 of those nodes
@@ -411,7 +412,7 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 5,
     context = int(statistics.fmean(ids.numel() for ids in encoded)) + max_new // 2
     biggest = max(size for b in budgets for _, size in outcomes[b])
     sizes = sorted({1, *budgets, *(s for s in (2, 3, 5, 96, 128) if s <= biggest)} | {biggest})
-    timed = verify_cost(target, sizes, prefix=context, reps=10)["ms"]
+    timed = nondecreasing(verify_cost(target, sizes, prefix=context, reps=20)["ms"])
     verify_ms = {b: statistics.fmean(_interpolate(timed, size) for _, size in outcomes[b]) for b in budgets}
     draft_ms = {}
     for b in tqdm(budgets, desc="auto tree: draft cost"):
@@ -455,6 +456,22 @@ def node_paths(tree: dict) -> list[tuple[int, ...]]:
 
 def token_paths(tree: dict) -> set[tuple[int, ...]]:
     return set(node_paths(tree)[1:])
+
+
+def nondecreasing(ms: dict) -> dict:
+    """Timed verify costs (size -> ms) made non-decreasing in size by pooling adjacent violators
+    (isotonic regression). A bigger tree never costs less; where a CPU's flat region (1-6 nodes
+    cost one decode step here) meets run-to-run noise, raw medians said it did by 2-8 ms, and
+    the budget choice swung between 4 and 6 nodes from run to run."""
+    sizes = sorted(ms, key=int)
+    blocks: list[list] = []  # [mean, count] of pooled runs of sizes
+    for k in sizes:
+        blocks.append([ms[k], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    fitted = [m for m, n in blocks for _ in range(n)]
+    return {k: round(v, 2) for k, v in zip(sizes, fitted)}
 
 
 def _interpolate(ms: dict, size: int) -> float:

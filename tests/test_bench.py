@@ -168,6 +168,14 @@ def test_interpolated_verify_cost():
     assert [bench._interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
 
 
+def test_verify_costs_are_made_nondecreasing_by_pooling_only_what_violates_the_order():
+    assert bench.nondecreasing({"1": 10.0, "2": 14.0, "4": 12.0, "8": 20.0}) == {"1": 10.0, "2": 13.0, "4": 13.0,
+                                                                               "8": 20.0}
+    assert bench.nondecreasing({"16": 9.0, "1": 10.0, "4": 8.0}) == {"1": 9.0, "4": 9.0, "16": 9.0}
+    ordered = {"1": 1.0, "2": 2.0, "3": 3.0}
+    assert bench.nondecreasing(ordered) == ordered
+
+
 @pytest.mark.parametrize("kind", ["fasteagle", "fasteagle-backbone", "eagle3"])
 def test_a_smaller_budget_drafts_the_best_nodes_of_a_bigger_tree(tiny, kind):
     """What replay assumes of both tree builders: from the same state, budget B drafts exactly the
@@ -226,6 +234,10 @@ def test_draft_step_cost_packs_both_drafters_like_the_engine_does_on_a_cpu(monke
     assert stock["packed_linears"] == 0 and "stock linears" in bench.markdown_table(stock)
     if packing.available():
         assert packed["packed_linears"] == 1 and "prepacked linears" in bench.markdown_table(packed)
+        want = "int8" if packing.int8_available() else "fp32"
+        assert packed["draft_weights"] == want and f"{want} drafter weights" in bench.markdown_table(packed)
+        fp32 = bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu", int8=False)
+        assert fp32["draft_weights"] == "fp32"
     monkeypatch.setenv("FASTEAGLE_PACK", "0")
     assert bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu")["packed_linears"] == 0
 
