@@ -117,10 +117,19 @@ class PackedLinear(WeightCopy):
         return available() and super()._usable(x)
 
     def _make(self, w: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._reorder_linear_weight(w, None)
+        return _blocked(w)
 
     def _product(self, flat: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
+        return _blocked_product(flat, packed, self.bias)
+
+
+def _blocked(w: torch.Tensor) -> torch.Tensor:
+    """`w` reordered into oneDNN's blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+
+def _blocked_product(flat: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(flat, blocked, bias, "none", [], "")
 
 
 class Int8Linear(WeightCopy):
@@ -144,7 +153,7 @@ class Int8Linear(WeightCopy):
     def _make(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         scale = (w.float().abs().amax(1) / 127).clamp_min(1e-12)
         q = (w.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-        wide = torch.ops.mkldnn._reorder_linear_weight(w, None) if available() else None
+        wide = _blocked(w) if available() else None
         return q, scale.to(torch.bfloat16), wide
 
     def _product(self, flat: torch.Tensor, prepared) -> torch.Tensor:
@@ -152,7 +161,7 @@ class Int8Linear(WeightCopy):
         if flat.shape[0] > INT8_ROWS:
             if wide is None:
                 return F.linear(flat, self.weight, self.bias)
-            return torch.ops.mkldnn._linear_pointwise(flat, wide, self.bias, "none", [], "")
+            return _blocked_product(flat, wide, self.bias)
         y = torch._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), q, scale).float()
         return y if self.bias is None else y + self.bias
 
