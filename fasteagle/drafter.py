@@ -317,7 +317,9 @@ class CascadedDrafter(nn.Module):
     def depth_probs(self) -> torch.Tensor:
         """(D, V_draft) draft distributions for depths 1..D (D = active layers) from the last extend
         (index with `vocab_ids` for token ids)."""
-        z = torch.stack([norm(h) for norm, h in zip(self.norms, self.last)])
+        norms = self.norms[:self.last.shape[0]]  # each depth's own final norm, all in one op
+        z = F.rms_norm(self.last.float(), self.last.shape[-1:], eps=norms[0].variance_epsilon)
+        z = (z * torch.stack([n.weight for n in norms]).float()).to(self.last.dtype)
         if self.proj is not None:
             z = self.proj(z)
         return torch.softmax(self.vocab_logits(z).float(), -1)  # every depth in one product

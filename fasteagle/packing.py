@@ -82,7 +82,7 @@ class WeightCopy(nn.Module):
 
     def _usable(self, x: torch.Tensor) -> bool:
         w = self.weight
-        if {x.device.type, w.device.type} != {"cpu"} or {x.dtype, w.dtype} != {torch.float32}:
+        if not (x.device.type == w.device.type == "cpu" and x.dtype == w.dtype == torch.float32):
             return False
         return not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
 

@@ -264,8 +264,12 @@ def test_product_never_keeps_a_child_without_its_parent():
     probs = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
     for budget in range(1, 8):
         tree = product(1, ids, probs, 3, budget)
-        assert tree.tokens[:4].tolist() == [1, 10, 20, 30][:tree.size]
+        assert tree.size == budget
         assert all(int(tree.parents[i]) < i for i in range(1, tree.size))
+        # the certain spine comes first, as deep as the budget allows; impossible drafts only after it
+        spine = [i for i in range(tree.size) if tree.tokens[i] in (1, 10, 20, 30)]
+        assert tree.tokens[spine].tolist() == [1, 10, 20, 30][:min(budget, 4)]
+        assert tree.parents[spine[1:]].tolist() == spine[:-1]
 
 
 # -- dynamic (EAGLE-2 rerank) ---------------------------------------------------------------------
