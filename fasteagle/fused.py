@@ -26,7 +26,7 @@ class FusedLayer:
 
     def __init__(self, layer: LlamaDecoderLayer):
         self.layer = layer
-        self._version: tuple | None = None
+        self._stamp: tuple | None = None  # (sources, their weights, (dtype, device, version) of each)
         self.qkv: nn.Module | None = None
         self.gate_up: nn.Module | None = None
 
@@ -39,18 +39,17 @@ class FusedLayer:
         loading) or its kind (`pack_linears` swapped it for a prepacked or int8 one). Checked on
         every call, so it reads plain attributes only (a few microseconds, not tens)."""
         srcs = self._sources()
-        stamp = []
-        for s in srcs:
-            w = s.weight
-            stamp += (id(s), id(w), w.dtype, w.device, 0 if w.is_inference() else w._version)
-        if stamp == self._version:
-            return
+        weights = tuple(m.weight for m in srcs)
+        stamp = [(w.dtype, w.device, 0 if w.is_inference() else w._version) for w in weights]
+        held = self._stamp
+        if held and stamp == held[2] and all(a is b for a, b in zip(held[0] + held[1], srcs + weights)):
+            return  # the same objects (compared as objects: an id can be reused), unchanged
         with torch.no_grad():
             self.qkv, self.gate_up = _merge(srcs[:3]), _merge(srcs[3:])
         for s in srcs:  # their own inference copies are not used by this forward: free them
             if isinstance(s, WeightCopy):
                 s.release()
-        self._version = stamp
+        self._stamp = (srcs, weights, stamp)
 
     def __call__(self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                  mask: torch.Tensor | None, cache=None) -> torch.Tensor:

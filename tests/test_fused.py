@@ -78,6 +78,9 @@ def test_follows_a_change_of_the_weights():
         after = fused(x, rope(x, pos), None)
         assert not torch.allclose(before, after)
         torch.testing.assert_close(after, stock(layer, x, pos, rope), rtol=1e-5, atol=1e-5)
+        # a new Parameter object (as assigning a loaded weight does) is a change too
+        layer.self_attn.v_proj.weight = torch.nn.Parameter(layer.self_attn.v_proj.weight * -1)
+        torch.testing.assert_close(fused(x, rope(x, pos), None), stock(layer, x, pos, rope), rtol=1e-5, atol=1e-5)
         layer.to(torch.float64)
         x64 = x.double()
         torch.testing.assert_close(fused(x64, rope(x64, pos), None), stock(layer, x64, pos, rope))
