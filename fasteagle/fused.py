@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, rotate_half
 
 from fasteagle.packing import WeightCopy
 
@@ -81,10 +81,8 @@ def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x (B, H, T, D), as `apply_rotary_pos_emb` applies it."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    """Rotary position embedding of x (B, H, T, D), as `apply_rotary_pos_emb` applies it to q or k."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 def _merge(linears: tuple[nn.Module, ...]) -> nn.Module:

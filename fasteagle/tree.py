@@ -166,20 +166,23 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
     ids = topk_ids.tolist()
     probs = topk_probs.float().tolist()
     logp = [[math.log(max(p, 1e-30)) for p in row[:k]] for row, k in zip(probs, k_at)]
-    # entries: (-score, depth index, parent node, rank, parent's log-probability sum), where score =
-    # sum of log-probabilities - 1e-6 per depth: a child stays strictly below its parent even for a
-    # certain draft (p = 1.0), and on a tie the child of the better parent goes first, as in `backbone`
-    heap = [(-(logp[0][0] - 1e-6), 0, 0, 0, 0.0)]
+    def entry(parent_sum: float, d: int, parent: int, r: int) -> tuple:
+        """Heap entry of candidate r at depth index d below `parent`: (-score, d, parent, r,
+        parent's log-probability sum). Score = the path's log-probability sum - 1e-6 per depth, so a
+        child stays strictly below its parent even for a certain draft (p = 1.0); on a tie the child
+        of the better parent goes first, as in `backbone`."""
+        return -(parent_sum + logp[d][r] - (d + 1) * 1e-6), d, parent, r, parent_sum
+
+    heap = [entry(0.0, 0, 0, 0)]
     kept = []  # (depth index, -score, pop order, token, parent node, prob)
     while heap and len(kept) < n_keep:
         neg, d, parent, r, parent_sum = heapq.heappop(heap)
         node = len(kept) + 1
         kept.append((d, neg, node, ids[d][r], parent, probs[d][r]))
         if r + 1 < k_at[d]:
-            heapq.heappush(heap, (-(parent_sum + logp[d][r + 1] - (d + 1) * 1e-6), d, parent, r + 1, parent_sum))
+            heapq.heappush(heap, entry(parent_sum, d, parent, r + 1))
         if d + 1 < len(k_at):
-            total = parent_sum + logp[d][r]
-            heapq.heappush(heap, (-(total + logp[d + 1][0] - (d + 2) * 1e-6), d + 1, node, 0, total))
+            heapq.heappush(heap, entry(parent_sum + logp[d][r], d + 1, node, 0))
     kept.sort()  # depth by depth, the best first: parents still precede their children
     new_index = {0: 0} | {k[2]: i for i, k in enumerate(kept, start=1)}
     return make_tree(torch.tensor([root] + [k[3] for k in kept], device=dev),
