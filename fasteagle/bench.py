@@ -562,7 +562,8 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
     dtype = parse_dtype(dtype, dev)
     pack = packing.wanted(dev, dtype) if pack is None else pack and packing.wanted(dev, dtype)
     g = torch.Generator().manual_seed(0)
-    ends = _BorrowedEnds(dims["vocab_size"], dims["target_hidden"]).to(dev, dtype)
+    with dev:  # built where it runs: initialising an 8B-shape drafter on the CPU first takes minutes
+        ends = _BorrowedEnds(dims["vocab_size"], dims["target_hidden"]).to(dev, dtype)
     feats = torch.randn(prefix + accepted, 3 * dims["target_hidden"], generator=g).to(dev, dtype)
     ids = torch.randint(dims["vocab_size"], (prefix + accepted + 1,), generator=g).to(dev)
     out = {"shape": shape if isinstance(shape, str) else "custom", "device": device_name(dev), "dtype": str(dtype),
@@ -573,7 +574,8 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
             cfg = DrafterConfig(target="random", feature_layers=[0, 1, 2], num_layers=depth, **dims)
             if cls is AutoregressiveDrafter:
                 cfg = AutoregressiveDrafter.config_for(cfg, depth)
-            d = cls(cfg).to(dev, dtype).eval().attach(ends, check=False)
+            with dev:
+                d = cls(cfg).to(dev, dtype).eval().attach(ends, check=False)
             if pack:
                 d.pack_for_cpu(int8)
             out["draft_weights"] = d.packing
