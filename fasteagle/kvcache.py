@@ -75,11 +75,37 @@ class SlotLayer(CacheLayerMixin):
 
 
 class KVCache(Cache):
-    """A transformers `Cache` of `SlotLayer`s: one preallocated buffer per attention layer."""
+    """A transformers `Cache` of `SlotLayer`s whose buffers are views into one preallocated pool
+    (2, layers, B, H, capacity, D) when every layer's keys and values have one shape, as in the
+    Llama family; a layer of another shape gets a buffer of its own."""
 
     def __init__(self, num_layers: int, capacity: int):
         super().__init__(layers=[SlotLayer(capacity) for _ in range(num_layers)])
         self.capacity = capacity
+        self.pool: torch.Tensor | None = None
+        self.pooled = [False] * num_layers
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        if not layer.is_initialized:
+            self._place(layer_idx, key_states, value_states)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _place(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hand layer i its slice of the pool (made on the first layer's first write), so that `keep`
+        moves every layer's accepted rows in one gather instead of two per layer: 60 small ops a step
+        on SmolLM2, each a kernel launch on a GPU."""
+        b, h, _, d = keys.shape
+        if self.pool is None and not any(self.pooled) and values.shape == keys.shape:
+            self.pool = keys.new_zeros(2, len(self.layers), b, h, self.capacity, d)
+        pool = self.pool
+        if pool is None or values.shape != keys.shape or pool.shape[2:4] + pool.shape[5:] != (b, h, d) \
+                or pool.dtype != keys.dtype or pool.device != keys.device:
+            return  # SlotLayer.update allocates this layer's own buffer
+        layer = self.layers[i]
+        layer.keys, layer.values = pool[0, i], pool[1, i]
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
+        self.pooled[i] = True
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, capacity: int) -> KVCache:
@@ -101,12 +127,18 @@ class KVCache(Cache):
         """Commit the accepted rows (indices into the last forward's rows) as the new prefix end.
 
         Rows 0..n-1 already sit where they belong (always so in plain decoding, and whenever a
-        draft is rejected at depth 1 or accepted only there): then nothing moves, saving two copies
-        per layer (60 small ops on SmolLM2, about half a millisecond per step on a CPU)."""
+        draft is rejected at depth 1 or accepted only there): then nothing moves. Otherwise one
+        gather moves the rows of every pooled layer at once (two copies per layer outside the pool)."""
         n = idx.numel()
         if idx.tolist() == list(range(n)):
             for layer in self.layers:
                 layer.length = layer.start + n
+            return
+        start = self.layers[0].start
+        if all(self.pooled) and all(layer.start == start for layer in self.layers):
+            self.pool[..., start:start + n, :] = self.pool[..., idx + start, :]
+            for layer in self.layers:
+                layer.length = start + n
             return
         for layer in self.layers:
             layer.keep(idx)

@@ -142,6 +142,28 @@ def test_keep_reorders_rows():
     assert layer.values[0, 0, :5, 0].tolist() == [0, 1, 20, 40, 50]
 
 
+def test_layers_of_one_shape_share_one_pool(tiny):
+    """Every layer's buffer is a view into one pool, so a commit moves all layers' rows at once."""
+    cache, _ = prefill(tiny.model, torch.tensor([3, 17, 42]))
+    assert all(cache.pooled) and cache.pool.shape[:2] == (2, len(cache.layers))
+    base = cache.pool.untyped_storage().data_ptr()
+    assert all(layer.keys.untyped_storage().data_ptr() == base for layer in cache.layers)
+    assert all(layer.values.untyped_storage().data_ptr() == base for layer in cache.layers)
+
+
+def test_a_layer_of_another_shape_gets_its_own_buffer_and_still_commits():
+    cache = KVCache(2, 16)
+    for heads, scale in ((1, 1.0), (2, 100.0)):  # layer 1 has twice the heads: outside the pool
+        rows = torch.arange(6.0).view(1, 1, 6, 1).expand(1, heads, 6, 1) * scale
+        cache.update(rows, rows + 0.5, heads - 1)
+    assert cache.pooled == [True, False]
+    cache.keep(torch.tensor([0, 2, 5]))
+    assert cache.length == 3
+    assert cache.layers[0].keys[0, 0, :3, 0].tolist() == [0, 2, 5]
+    assert cache.layers[1].keys[0, 1, :3, 0].tolist() == [0, 200, 500]
+    assert cache.layers[1].values[0, 0, :3, 0].tolist() == [0.5, 200.5, 500.5]
+
+
 def test_keeping_the_leading_rows_moves_nothing_and_drops_the_rest(tiny):
     """keep(0..n-1), plain decoding's commit, only sets the length; the next forward then overwrites
     the dropped rows, and the cache still equals a fresh prefill."""

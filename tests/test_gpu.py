@@ -1,0 +1,96 @@
+"""The engine, the bench helpers and the trainer on a GPU, with the tiny in-process target: every
+decoding method lossless on CUDA, sampling runs, and a training run (self-distillation, online
+teacher, feature cache, continuing a drafter) writes a drafter that stays lossless.
+
+Skipped without CUDA. `FASTEAGLE_TEST_DEVICE=cpu` runs the same checks on the CPU (to try this file
+where no GPU is lent); the rest of the suite covers the CPU in depth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fasteagle import bench
+from fasteagle.cli import make_drafter
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.eagle3 import AutoregressiveDrafter
+from fasteagle.generate import run
+from fasteagle.train.data import save_token_dataset
+from fasteagle.train.trainer import TrainConfig, train
+from fasteagle.verify import SamplingParams
+from tests.conftest import tiny_target
+from tests.train.test_trainer import self_written
+
+DEVICE = os.environ.get("FASTEAGLE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE is None, reason="no CUDA device (FASTEAGLE_TEST_DEVICE=cpu "
+                                                                          "runs these checks on the CPU)")]
+METHODS = ("fasteagle", "eagle3", "lookup", "fasteagle+lookup", "fasteagle-backbone")
+PROMPTS = [{"id": "a", "text": "w7 w8 w9 w10 w7 w8", "category": "chat"},
+           {"id": "b", "text": "w11 w12 w13 w11 w12", "category": "code"}]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    target = tiny_target()
+    target.model.to(DEVICE)
+    return target
+
+
+@pytest.fixture(scope="module")
+def args(gpu, tmp_path_factory):
+    """Untrained drafters saved to disk and loaded the way the CLI loads them."""
+    tmp = tmp_path_factory.mktemp("drafters")
+    cfg = DrafterConfig.for_target(gpu.model, gpu.name, num_layers=3, intermediate=64)
+    CascadedDrafter(cfg).save(tmp / "fe")
+    AutoregressiveDrafter(AutoregressiveDrafter.config_for(cfg, 4)).save(tmp / "e3")
+    return SimpleNamespace(drafter=str(tmp / "fe"), eagle3_drafter=str(tmp / "e3"), tree_k="4", tree_budget=16,
+                           tree_shape=None, draft_int8=None)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_is_lossless_on_the_device(gpu, args, method):
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
+    want, _ = run(gpu, prompt, max_new_tokens=24, stop_ids=set())
+    got, traces = run(gpu, prompt, drafter=make_drafter(method, gpu, args), max_new_tokens=24, stop_ids=set())
+    assert got == want and traces[-1].tau >= 1.0
+    sampled, _ = run(gpu, prompt, drafter=make_drafter(method, gpu, args), max_new_tokens=24, stop_ids=set(),
+                     sampling=SamplingParams(0.7, 0.9), seed=3)
+    assert len(sampled) == 24 and all(0 <= t < 320 for t in sampled)
+
+
+def test_bench_runs_every_method_on_the_device(gpu, args, tmp_path):
+    methods = {m: None if m in bench.HF_METHODS else make_drafter(m, gpu, args)
+               for m in ("vanilla", "hf-generate", "hf-prompt-lookup", "eagle3", "fasteagle", "fasteagle+lookup")}
+    doc = bench.result_document(gpu, bench.compare(gpu, methods, PROMPTS, max_new=12),
+                                {"max_new_tokens": 12, "temperature": 0.0})
+    assert all(m["identical_to_vanilla"] == len(PROMPTS) for m in doc["methods"].values())
+    assert doc["device"] == bench.device_name(torch.device(DEVICE))
+    bench.charts(doc, tmp_path / "charts.html")
+    assert bench.auto_tree(gpu, make_drafter("fasteagle", gpu, args), PROMPTS[:1])["budget"] >= 2
+    assert set(bench.verify_cost(gpu, (1, 8))["ms"]) == {"1", "8"}
+    step = bench.draft_step_cost("smollm2-135m", (2,), device=DEVICE, reps=1)
+    assert step["ms"]["2"]["fasteagle"] > 0
+
+
+def test_training_on_the_device_writes_a_lossless_drafter(gpu, tmp_path):
+    save_token_dataset(self_written(gpu, 24, seed=1), tmp_path / "train.pt")
+    save_token_dataset(self_written(gpu, 6, seed=2), tmp_path / "holdout.pt")
+    common = dict(data=str(tmp_path / "train.pt"), holdout_data=str(tmp_path / "holdout.pt"), num_layers=3,
+                  intermediate=96, topk=8, batch_tokens=400, warmup=5, lr=3e-3, eval_sequences=6, distill=True,
+                  distill_max_new=20, distill_batch=8)
+    first = train(TrainConfig(out=str(tmp_path / "online"), max_steps=40, shard_mb=0.05, **common), target=gpu)
+    assert len(list(first.glob("model-*.safetensors"))) > 1  # sharded for transports with a per-file limit
+    ev = json.loads((first / "eval.json").read_text())
+    assert ev["holdout"]["tau_backbone"] > ev["holdout_initial"]["tau_backbone"]
+    second = train(TrainConfig(out=str(tmp_path / "cache"), max_steps=10, features="cache", micro_batch=4,
+                               init_from=str(first), **common), target=gpu)
+    drafter = CascadedDrafter.load(second, gpu.model)
+    assert drafter.info["training"]["steps_all"] == 50
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
+    assert run(gpu, prompt, drafter=drafter, max_new_tokens=20, stop_ids=set())[0] == \
+        run(gpu, prompt, max_new_tokens=20, stop_ids=set())[0]
