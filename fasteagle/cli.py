@@ -35,7 +35,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft-int8", dest="draft_int8", action="store_const", const=False, default=None,
                    help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
                         "same either way, only the draft's speed and acceptance move)")
-    p.add_argument("--tree-k", default="10", help="top-k per depth: one int or a comma list (fasteagle)")
+    p.add_argument("--tree-k", default=None,
+                   help="top-k per depth: one int or a comma list (fasteagle); default: each drafter's own "
+                        "(FastEagle 32, EAGLE-3-style 10, as EAGLE-2)")
     p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
     p.add_argument("--tree-shape", dest="tree_shape", choices=TREE_SHAPES, default=DEFAULT_TREE_SHAPE,
                    help="fasteagle's tree: product (side branches continue, the default) or backbone (the paper's "
@@ -71,8 +73,9 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         default = DEFAULT_DRAFTER if method == "fasteagle" else DEFAULT_EAGLE3
         path = path or getattr(args, "drafter" if method == "fasteagle" else "eagle3_drafter", None) or default
         d = cls.load(path, target.model, getattr(args, "draft_int8", None))
-        ks = [int(x) for x in str(args.tree_k).split(",")]
-        d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
+        if getattr(args, "tree_k", None) is not None:
+            ks = [int(x) for x in str(args.tree_k).split(",")]
+            d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         d.tree_budget = args.tree_budget
         if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
             d.tree_shape = args.tree_shape
@@ -179,7 +182,8 @@ def cmd_bench(args) -> int:
     prompts = [p for f in files for p in bench.load_prompts(f, args.limit)]
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
-                "tree_k": args.tree_k, "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
+                "tree_k": args.tree_k or {m: d.tree_k for m, d in methods.items() if hasattr(d, "tree_k")},
+                "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
                 "dtype": str(target.dtype), "packed_linears": target.packed,
                 "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
                 "drafters": _drafter_summaries(methods)}

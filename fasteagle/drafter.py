@@ -112,7 +112,10 @@ class CascadedDrafter(nn.Module):
         self._fused: list[FusedLayer] | None = None  # inference forwards of self.layers, made at first use
         self._frozen: tuple[nn.Module, nn.Module] | None = None  # target's (embedding, lm_head), not ours
         self.feature_layers = tuple(cfg.feature_layers)
-        self.tree_k: list[int] | int = 10  # top-k per depth (an int, or one per depth)
+        # top-k candidates per depth (an int, or one per depth). The tree keeps the budget's most probable
+        # paths whatever k is, so k only caps the choice: at 60 nodes, 32 replays to 2.79 tokens per forward
+        # on the holdout against 2.74 with 10 (backbone tree: 2.64 against 2.54); small trees never reach k.
+        self.tree_k: list[int] | int = 32
         self.tree_budget = 60
         self.tree_shape = DEFAULT_TREE_SHAPE  # or "backbone": the paper's constrained tree (side branches are leaves)
         self.cache: KVCache | None = None
