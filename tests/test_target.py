@@ -80,3 +80,43 @@ def test_broken_cache_is_rebuilt(smollm, tmp_path, monkeypatch):
     assert (broken / "model.safetensors").stat().st_size > 100_000_000
     w = target.model.get_input_embeddings().weight
     assert torch.equal(w, smollm.model.get_input_embeddings().weight)
+
+
+def test_cpu_attention_passes_grouped_heads_and_gives_the_same_numbers(monkeypatch):
+    """load_target runs CPU targets on `cpu_sdpa` (grouped KV heads to SDPA as they are, also under a
+    tree mask); trees, a causal prefill and HF generate with padding give what stock SDPA gives."""
+    from fasteagle import target as target_mod
+    from fasteagle.kvcache import KVCache
+    from fasteagle.target import CPU_SDPA, _register_cpu_sdpa
+    from fasteagle.tree import make_tree, path_tree
+    from fasteagle.verify import tree_forward
+    from tests.conftest import tiny_target
+
+    calls, original = [], target_mod.cpu_sdpa
+
+    def counted(module, query, key, *args, **kwargs):
+        calls.append(query.shape[1] != key.shape[1])  # grouped heads reached SDPA unrepeated
+        return original(module, query, key, *args, **kwargs)
+
+    monkeypatch.setattr(target_mod, "cpu_sdpa", counted)
+    _register_cpu_sdpa()
+    monkeypatch.undo()
+    stock, ours = tiny_target(attn="sdpa").model, tiny_target(attn=CPU_SDPA).model
+    assert ours.config._attn_implementation == CPU_SDPA and stock.config.num_key_value_heads == 2
+    prefix = torch.arange(10, 40)
+    tree = make_tree(torch.arange(50, 62), torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3, 4, 6, 6, 9]))
+    with torch.inference_mode():
+        got = []
+        for model in (stock, ours):
+            cache = KVCache.for_model(model, 64)
+            first, _ = tree_forward(model, cache, path_tree(prefix))
+            cache.keep(torch.arange(prefix.numel()))
+            got.append((first, tree_forward(model, cache, tree)[0]))
+        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+        ids = torch.tensor([[0, 0, 7, 8, 9], [5, 6, 7, 8, 9]])
+        att = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+        outs = [m.generate(input_ids=ids, attention_mask=att, max_new_tokens=8, do_sample=False, pad_token_id=0)
+                for m in (stock, ours)]
+    _register_cpu_sdpa()  # the real function again, for whatever runs next
+    assert torch.equal(outs[0], outs[1])
+    assert calls and all(calls)
