@@ -257,14 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--add-features", dest="extra_features", action="append", default=None, metavar="DIR",
                    help="also train on the feature shards in DIR (repeatable), e.g. raw ShareGPT beside distilled")
     t.add_argument("--init-from", dest="init_from", default=None, metavar="DRAFTER",
-                   help="continue training a saved drafter (its architecture and draft vocab are kept)")
+                   help="continue training a saved drafter (its architecture and draft vocab are kept; a larger "
+                        "--intermediate widens its MLP without changing its output)")
     t.add_argument("--micro-batch", dest="micro_batch", type=int, default=None,
                    help="sequences per optimizer step, cut from each cached shard (0: one shard per step)")
     t.add_argument("--drafter", choices=["fasteagle", "eagle3"], default=None,
                    help="fasteagle: the cascade (default); eagle3: the autoregressive baseline")
     t.add_argument("--num-layers", dest="num_layers", type=int, default=None, help="cascade layers (fasteagle)")
     t.add_argument("--depth", type=int, default=None, help="training-time-test steps and tree depth (eagle3)")
-    t.add_argument("--intermediate", type=int, default=None)
+    t.add_argument("--intermediate", type=int, default=None,
+                   help="MLP channels per drafter layer (default 768)")
     t.add_argument("--lr", type=float, default=None)
     t.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=None)
     t.add_argument("--epochs", type=float, default=None)

@@ -149,6 +149,46 @@ class CascadedDrafter(nn.Module):
         return self
 
     @torch.no_grad()
+    def grow_mlp(self, intermediate: int, target_model: nn.Module | None = None) -> CascadedDrafter:
+        """Widen every layer's MLP to `intermediate` channels without changing what the drafter
+        computes, so a trained drafter gains capacity and training goes on from where it was.
+
+        The new channels' down-projection columns start at zero (their output is exactly 0); their
+        gate/up rows are the target's next MLP channels (the ones `init_from_target` cut) when the
+        shapes allow, else small random weights, so they get gradients from the first step."""
+        old = self.cfg.intermediate
+        if self.packing:
+            raise FastEagleError("grow the MLP before packing the drafter for CPU inference")
+        if intermediate < old:
+            raise FastEagleError(f"cannot shrink the drafter's MLP from {old} to {intermediate} channels")
+        if intermediate == old:
+            return self
+        src = list(target_model.model.layers[-len(self.layers):]) if target_model is not None else []
+        for i, layer in enumerate(self.layers):
+            mlp = layer.mlp
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                lin: nn.Linear = getattr(mlp, name)
+                rows = name != "down_proj"  # gate/up grow in rows (outputs), down in columns (inputs)
+                shape = (intermediate, lin.in_features) if rows else (lin.out_features, intermediate)
+                w = torch.zeros(shape, dtype=lin.weight.dtype, device=lin.weight.device)
+                if rows:
+                    w[:old] = lin.weight
+                    theirs = getattr(src[i].mlp, name).weight if i < len(src) else None
+                    if theirs is not None and theirs.shape[0] >= intermediate and theirs.shape[1] == shape[1]:
+                        w[old:] = theirs[old:intermediate].to(w.dtype)
+                    else:
+                        nn.init.normal_(w[old:], std=0.02)
+                else:
+                    w[:, :old] = lin.weight
+                new = nn.Linear(shape[1], shape[0], bias=False, device=w.device, dtype=w.dtype)
+                new.weight.copy_(w)
+                setattr(mlp, name, new)
+            mlp.intermediate_size = intermediate
+        self.cfg.intermediate = intermediate
+        self._fused = None
+        return self
+
+    @torch.no_grad()
     def set_vocab(self, token_counts: torch.Tensor) -> CascadedDrafter:
         """Keep the `draft_vocab` most frequent tokens (counts over the training replies): the LM
         head is the drafter's costliest part, and rare tokens are almost never accepted anyway."""

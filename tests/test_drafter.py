@@ -155,6 +155,41 @@ def test_save_load_round_trip(tiny, tmp_path):
     assert e.info["note"] == "x"
 
 
+def test_grow_mlp_keeps_the_function_and_adds_trainable_channels(tiny, tmp_path):
+    """Widening the MLP changes no output (new channels' down columns are zero), takes the target's
+    next MLP channels for the new gate/up rows, trains the new channels, and saves/loads widened."""
+    d = make(tiny)
+    ids = torch.randint(4, TINY_VOCAB, (2, 12))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    pos = torch.arange(11)[None].expand(2, -1)
+    with torch.no_grad():
+        before = d.hidden(f[:, :-1], ids[:, 1:], pos)
+    d.grow_mlp(128, tiny.model)  # the tiny target's own MLP width: rows 96..127 come from it
+    assert d.cfg.intermediate == 128
+    top = tiny.model.model.layers[0].mlp  # drafter layer i pairs with target layer i of the last N (2 here)
+    mlp = d.layers[0].mlp
+    assert mlp.gate_proj.weight.shape == (128, 64) and mlp.down_proj.weight.shape == (64, 128)
+    assert torch.equal(mlp.up_proj.weight[96:], top.up_proj.weight[96:128])
+    assert torch.count_nonzero(mlp.down_proj.weight[:, 96:]) == 0
+    with torch.no_grad():
+        after = d.hidden(f[:, :-1], ids[:, 1:], pos)
+    for x, y in zip(before, after):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+    sum(o.pow(2).mean() for o in d.hidden(f[:, :-1], ids[:, 1:], pos)).backward()
+    assert d.layers[0].mlp.down_proj.weight.grad[:, 96:].abs().sum() > 0
+    d.grow_mlp(160)  # beyond the target's width: random gate/up rows, still the same function
+    assert d.layers[0].mlp.gate_proj.weight[128:].abs().sum() > 0
+    d.save(tmp_path, dtype=torch.float32)
+    e = CascadedDrafter.load(tmp_path, tiny.model)
+    assert e.cfg.intermediate == 160
+    with torch.no_grad():
+        again = e.hidden(f[:, :-1], ids[:, 1:], pos)
+    for x, y in zip(before, again):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+    with pytest.raises(FastEagleError, match="cannot shrink"):
+        e.grow_mlp(64)
+
+
 def test_sharded_save_loads_back(tiny, tmp_path):
     d = make(tiny)
     d.save(tmp_path, shard_mb=0.05)

@@ -173,6 +173,9 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         if drafter.cfg.kind != dcfg.kind:
             raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
         accel.print(f"continuing from {cfg.init_from} ({before['steps_all']} steps)")
+        if cfg.intermediate > drafter.cfg.intermediate:  # more capacity, same function to start from
+            accel.print(f"widening its MLP from {drafter.cfg.intermediate} to {cfg.intermediate} channels")
+            drafter.grow_mlp(cfg.intermediate, model)
     else:
         drafter = drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:

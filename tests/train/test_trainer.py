@@ -151,3 +151,21 @@ def test_continue_a_drafter_on_extra_shards_in_micro_batches(tiny, tmp_path):
     with pytest.raises(FastEagleError, match="no feature shards"):
         train(TrainConfig(out=str(tmp_path / "d"), reuse_features=True, feature_dir=str(tmp_path / "a" / "features"),
                           extra_features=[str(tmp_path / "none")], **kw), target=tiny)
+
+
+def test_continuing_with_a_larger_intermediate_widens_the_drafter(tiny, tmp_path):
+    """`--init-from` with a larger `--intermediate` keeps the drafter's function (lr 0: the holdout
+    metrics before and after match) and saves the widened drafter."""
+    data = self_written(tiny, 6, seed=7, new=20)
+    save_token_dataset(data, tmp_path / "d.pt")
+    kw = dict(data=str(tmp_path / "d.pt"), holdout_data=str(tmp_path / "d.pt"), topk=4, batch_tokens=200, warmup=2,
+              device="cpu", num_layers=2, eval_sequences=4)
+    train(TrainConfig(out=str(tmp_path / "a"), intermediate=64, max_steps=3, **kw), target=tiny)
+    out = train(TrainConfig(out=str(tmp_path / "b"), init_from=str(tmp_path / "a"), intermediate=96, lr=0.0,
+                            max_steps=2, **kw), target=tiny)
+    wide = CascadedDrafter.load(out, tiny.model)
+    assert wide.cfg.intermediate == 96 and wide.layers[0].mlp.up_proj.weight.shape[0] == 96
+    ev = json.loads((out / "eval.json").read_text())
+    assert ev["holdout"]["depth_top1_given_spine"] == ev["holdout_initial"]["depth_top1_given_spine"]
+    assert "MLP 96" in (out / "README.md").read_text()
+
