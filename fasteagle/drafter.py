@@ -175,7 +175,7 @@ class CascadedDrafter(nn.Module):
                     w[:old] = lin.weight
                     theirs = getattr(src[i].mlp, name).weight if i < len(src) else None
                     if theirs is not None and theirs.shape[0] >= intermediate and theirs.shape[1] == shape[1]:
-                        w[old:] = theirs[old:intermediate].to(w.dtype)
+                        w[old:] = theirs[old:intermediate].to(w.device, w.dtype)
                     else:
                         nn.init.normal_(w[old:], std=0.02)
                 else:

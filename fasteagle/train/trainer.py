@@ -127,6 +127,10 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         distill_features(model, tok, prompts, fdir, feature_layers, cfg.distill_max_new, cfg.distill_batch, budget,
                          topk=cfg.topk, keep_prompt=cfg.keep_prompt, seed=cfg.seed)
         train_data = None
+    elif cfg.distill and train_data is not None and (out / "distilled.pt").exists():
+        # a rerun in the same --out (after --distill-only, or resuming) trains on what was written
+        accel.print(f"reusing {out / 'distilled.pt'} (delete it to distill again)")
+        train_data = data_mod.load_token_dataset(out / "distilled.pt")
     elif cfg.distill and train_data is not None:
         train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget, seed=cfg.seed)
         data_mod.save_token_dataset(train_data, out / "distilled.pt")

@@ -169,3 +169,27 @@ def test_continuing_with_a_larger_intermediate_widens_the_drafter(tiny, tmp_path
     assert ev["holdout"]["depth_top1_given_spine"] == ev["holdout_initial"]["depth_top1_given_spine"]
     assert "MLP 96" in (out / "README.md").read_text()
 
+
+
+def test_distill_only_then_a_rerun_trains_on_the_written_replies(tiny, tmp_path, monkeypatch):
+    """`distill_only` writes the target's own replies (train and holdout) and stops; a rerun in the same
+    out dir trains on them without distilling again (how a GPU session splits its device calls)."""
+    g = torch.Generator().manual_seed(8)
+    ps = [torch.randint(4, TINY_VOCAB, (6,), generator=g).tolist() for _ in range(8)]
+    save_token_dataset({"input_ids": ps, "loss_mask": [[0] * 6] * 8, "prompt_ids": ps,
+                        "ids": [f"p{i}" for i in range(8)]}, tmp_path / "p.pt")
+    kw = dict(out=str(tmp_path / "run"), data=str(tmp_path / "p.pt"), holdout_data=str(tmp_path / "p.pt"),
+              distill=True, distill_max_new=12, distill_batch=4, topk=4, batch_tokens=200, warmup=2, device="cpu",
+              intermediate=64, num_layers=2, eval_sequences=3)
+    out = train(TrainConfig(distill_only=True, **kw), target=tiny)
+    written = load_token_dataset(out / "distilled.pt")
+    assert len(written["ids"]) == 8 and (out / "holdout_distilled.pt").exists()
+    assert all(sum(m) > 0 for m in written["loss_mask"]) and not (out / "model.safetensors").exists()
+
+    def no_second_pass(*a, **k):
+        raise AssertionError("distilled again")
+
+    monkeypatch.setattr("fasteagle.train.trainer.self_distill", no_second_pass)
+    train(TrainConfig(max_steps=2, **kw), target=tiny)
+    info = CascadedDrafter.load(out, tiny.model).info
+    assert info["training"]["train_tokens"] == sum(sum(m) for m in written["loss_mask"])
