@@ -250,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft only the N most frequent reply tokens (0: the full vocabulary)")
     t.add_argument("--distill-minutes", dest="distill_minutes", type=float, default=None)
     t.add_argument("--distill-batch", dest="distill_batch", type=int, default=None)
+    t.add_argument("--distill-sample-every", dest="distill_sample_every", type=int, default=None, metavar="N",
+                   help="sample every N-th distillation batch at temperature 0.7, the rest greedy (default 4; "
+                        "1: all sampled, 0: all greedy)")
+    t.add_argument("--add-data", dest="extra_data", action="append", default=None, metavar="FILE",
+                   help="also train on this saved token dataset (repeatable), e.g. an earlier run's distilled.pt")
     t.add_argument("--features", choices=["online", "cache"], default=None)
     t.add_argument("--feature-dir", dest="feature_dir", default=None, help="feature shards (default: OUT/features)")
     t.add_argument("--reuse-features", dest="reuse_features", action="store_true", default=None,

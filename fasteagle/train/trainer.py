@@ -47,11 +47,13 @@ class TrainConfig:
     distill_max_new: int = 256
     distill_batch: int = 128
     distill_minutes: float | None = None
+    distill_sample_every: int = 4  # every n-th distillation batch is sampled (temperature 0.7); 1: all, 0: none
     distill_only: bool = False  # stop once the data is written (distilled.pt, holdout_distilled.pt, shards)
     features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
     feature_dir: str | None = None
     reuse_features: bool = False  # train on the shards already in feature_dir (same data, same teacher pass)
     extra_features: list[str] = field(default_factory=list)  # more shard dirs to train on (e.g. raw ShareGPT)
+    extra_data: list[str] = field(default_factory=list)  # more token datasets to train on (e.g. a distilled.pt)
     init_from: str | None = None  # continue from a trained drafter directory (weights and draft vocab)
     drafter: str = "fasteagle"  # "fasteagle" (the cascade) or "eagle3" (one layer, training-time test)
     num_layers: int = 6  # cascade layers = draft depths (fasteagle)
@@ -110,6 +112,9 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     fdir = Path(cfg.feature_dir or out / "features")
 
     # 1. data: ShareGPT (or a saved dataset), optionally rewritten by the target itself
+    if cfg.extra_data and (cfg.reuse_features or (cfg.distill and cfg.features == "cache")):
+        raise FastEagleError("--add-data joins token datasets; with feature shards (--distill --features cache, "
+                             "--reuse-features) use --add-features instead")
     if cfg.reuse_features:  # another run's shards: the same data through the same teacher pass
         if cfg.features != "cache" or not any(fdir.glob("shard-*.pt")):
             raise FastEagleError(f"--reuse-features needs --features cache and shards in {fdir}")
@@ -125,6 +130,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     # with the cache, one target pass yields both the replies and their features
     if cfg.distill and train_data is not None and cfg.features == "cache":
         distill_features(model, tok, prompts, fdir, feature_layers, cfg.distill_max_new, cfg.distill_batch, budget,
+                         sample_every=cfg.distill_sample_every,
                          topk=cfg.topk, keep_prompt=cfg.keep_prompt, seed=cfg.seed)
         train_data = None
     elif cfg.distill and train_data is not None and (out / "distilled.pt").exists():
@@ -132,7 +138,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         accel.print(f"reusing {out / 'distilled.pt'} (delete it to distill again)")
         train_data = data_mod.load_token_dataset(out / "distilled.pt")
     elif cfg.distill and train_data is not None:
-        train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget, seed=cfg.seed)
+        train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget,
+                                  sample_every=cfg.distill_sample_every, seed=cfg.seed)
         data_mod.save_token_dataset(train_data, out / "distilled.pt")
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
     if holdout is not None and cfg.distill:  # evaluate on what the target itself says (greedy)
@@ -143,6 +150,10 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             holdout = self_distill(model, tok, [p[-PROMPT_TAIL:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
                                    cfg.distill_max_new, cfg.distill_batch, sample_every=0)
             data_mod.save_token_dataset(holdout, holdout_file)
+    if cfg.extra_data and train_data is not None and not cfg.distill_only:  # e.g. greedy and sampled replies
+        for path in cfg.extra_data:
+            more = data_mod.load_token_dataset(path)
+            train_data = {k: train_data[k] + more[k] for k in ("input_ids", "loss_mask", "prompt_ids", "ids")}
     if cfg.features == "cache" and train_data is not None:
         cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
     dirs = [fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []

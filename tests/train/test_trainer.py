@@ -193,3 +193,34 @@ def test_distill_only_then_a_rerun_trains_on_the_written_replies(tiny, tmp_path,
     train(TrainConfig(max_steps=2, **kw), target=tiny)
     info = CascadedDrafter.load(out, tiny.model).info
     assert info["training"]["train_tokens"] == sum(sum(m) for m in written["loss_mask"])
+
+
+def test_add_data_trains_on_several_token_datasets_and_distillation_sampling_is_a_knob(tiny, tmp_path, monkeypatch):
+    """`extra_data` joins saved token datasets (e.g. greedy replies from one run, sampled ones from
+    another); `distill_sample_every` reaches the distiller; shard-based runs are told to use
+    `extra_features` instead."""
+    a, b = self_written(tiny, 4, seed=9, new=16), self_written(tiny, 3, seed=10, new=16)
+    save_token_dataset(a, tmp_path / "a.pt")
+    save_token_dataset(b, tmp_path / "b.pt")
+    kw = dict(topk=4, batch_tokens=200, warmup=2, device="cpu", intermediate=64, num_layers=2, max_steps=2)
+    out = train(TrainConfig(out=str(tmp_path / "ab"), data=str(tmp_path / "a.pt"), extra_data=[str(tmp_path / "b.pt")],
+                            **kw), target=tiny)
+    info = CascadedDrafter.load(out, tiny.model).info["training"]
+    assert info["train_tokens"] == sum(sum(m) for d in (a, b) for m in d["loss_mask"])
+
+    seen = {}
+    from fasteagle.train import trainer as trainer_mod
+
+    real = trainer_mod.self_distill
+
+    def spy(*args, **kwargs):
+        seen.setdefault("sample_every", kwargs.get("sample_every"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "self_distill", spy)
+    train(TrainConfig(out=str(tmp_path / "d"), data=str(tmp_path / "a.pt"), distill=True, distill_max_new=8,
+                      distill_batch=2, distill_sample_every=1, distill_only=True, **kw), target=tiny)
+    assert seen["sample_every"] == 1
+    with pytest.raises(FastEagleError, match="add-features"):
+        train(TrainConfig(out=str(tmp_path / "c"), data=str(tmp_path / "a.pt"), distill=True, features="cache",
+                          extra_data=[str(tmp_path / "b.pt")], **kw), target=tiny)
