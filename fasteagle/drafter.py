@@ -81,6 +81,13 @@ class DrafterConfig:
         return lc
 
 
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    """A bias-free linear layer holding `weight` (out, in)."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    lin.weight.data.copy_(weight)
+    return lin
+
+
 def target_fingerprint(model: nn.Module) -> list[float]:
     """Norms of 16 fixed rows of the input embedding and the LM head: stable across dtypes and
     devices, different for any other model (compared with a relative tolerance)."""
@@ -165,24 +172,17 @@ class CascadedDrafter(nn.Module):
             return self
         src = list(target_model.model.layers[-len(self.layers):]) if target_model is not None else []
         for i, layer in enumerate(self.layers):
-            mlp = layer.mlp
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                lin: nn.Linear = getattr(mlp, name)
-                rows = name != "down_proj"  # gate/up grow in rows (outputs), down in columns (inputs)
-                shape = (intermediate, lin.in_features) if rows else (lin.out_features, intermediate)
-                w = torch.zeros(shape, dtype=lin.weight.dtype, device=lin.weight.device)
-                if rows:
-                    w[:old] = lin.weight
-                    theirs = getattr(src[i].mlp, name).weight if i < len(src) else None
-                    if theirs is not None and theirs.shape[0] >= intermediate and theirs.shape[1] == shape[1]:
-                        w[old:] = theirs[old:intermediate].to(w.device, w.dtype)
-                    else:
-                        nn.init.normal_(w[old:], std=0.02)
+            mlp, theirs = layer.mlp, (src[i].mlp if i < len(src) else None)
+            for name in ("gate_proj", "up_proj"):  # grow in rows (output channels)
+                w = getattr(mlp, name).weight
+                ref = getattr(theirs, name).weight if theirs is not None else None
+                if ref is not None and ref.shape[0] >= intermediate and ref.shape[1] == w.shape[1]:
+                    extra = ref[old:intermediate].to(w.device, w.dtype)
                 else:
-                    w[:, :old] = lin.weight
-                new = nn.Linear(shape[1], shape[0], bias=False, device=w.device, dtype=w.dtype)
-                new.weight.copy_(w)
-                setattr(mlp, name, new)
+                    extra = nn.init.normal_(w.new_empty(intermediate - old, w.shape[1]), std=0.02)
+                setattr(mlp, name, _linear(torch.cat([w, extra], 0)))
+            w = mlp.down_proj.weight  # grows in columns (input channels), zero: the output stays the same
+            mlp.down_proj = _linear(torch.cat([w, w.new_zeros(w.shape[0], intermediate - old)], 1))
             mlp.intermediate_size = intermediate
         self.cfg.intermediate = intermediate
         self._fused = None

@@ -324,6 +324,14 @@ def build_token_dataset(
     return data
 
 
+TOKEN_DATASET_KEYS = ("input_ids", "loss_mask", "prompt_ids", "ids")  # parallel lists, one entry per sequence
+
+
+def join_token_datasets(*datasets: dict[str, list]) -> dict[str, list]:
+    """One token dataset holding every record of `datasets`, in order (e.g. greedy and sampled replies)."""
+    return {k: [x for d in datasets for x in d[k]] for k in TOKEN_DATASET_KEYS}
+
+
 def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
     """Store a token dataset compactly (it is shipped to the GPU machine): flat token tensors
     plus offsets, 2 bytes a token when the vocabulary fits uint16 (SmolLM2's does), else 4.
@@ -442,7 +450,7 @@ def exclude_distilled(data: dict[str, list], runs: Sequence[str]) -> dict[str, l
             raise FastEagleError(f"--exclude-distilled wants SEED:BATCH:BATCHES (integers), not {run!r}") from None
         used.update(distill_order(lengths, batch, seed)[: batch * batches])
     keep = [i for i in range(len(lengths)) if i not in used]
-    return {k: [data[k][i] for i in keep] for k in ("ids", "input_ids", "loss_mask", "prompt_ids")}
+    return {k: [data[k][i] for i in keep] for k in TOKEN_DATASET_KEYS}
 
 
 def human_eval_prompts() -> list[dict[str, str]]:

@@ -151,9 +151,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                                    cfg.distill_max_new, cfg.distill_batch, sample_every=0)
             data_mod.save_token_dataset(holdout, holdout_file)
     if cfg.extra_data and train_data is not None and not cfg.distill_only:  # e.g. greedy and sampled replies
-        for path in cfg.extra_data:
-            more = data_mod.load_token_dataset(path)
-            train_data = {k: train_data[k] + more[k] for k in ("input_ids", "loss_mask", "prompt_ids", "ids")}
+        train_data = data_mod.join_token_datasets(train_data, *map(data_mod.load_token_dataset, cfg.extra_data))
     if cfg.features == "cache" and train_data is not None:
         cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
     dirs = [fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
