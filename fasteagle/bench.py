@@ -271,11 +271,15 @@ def markdown_table(doc: dict) -> str:
     if "relative" in doc:
         return _verify_cost_table(doc)
     if "shape" in doc:
-        rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |\n"
+        graph = any("fasteagle_graph" in r for r in doc["ms"].values())
+        rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |"
+                       + (f" {r.get('fasteagle_graph', float('nan')):.2f} |" if graph else "") + "\n"
                        for d, r in doc["ms"].items())
         return (f"**{doc['device']}**, {doc['dtype']}{_linears(doc)}: one draft step ({doc['accepted']} accepted "
                 f"tokens fed, then the ~60-node tree) at the `{doc['shape']}` shape, random weights\n\n"
-                "| depth | FastEagle ms | EAGLE-3-style ms | EAGLE-3 / FastEagle |\n|---|---|---|---|\n" + rows)
+                "| depth | FastEagle ms | EAGLE-3-style ms | EAGLE-3 / FastEagle |"
+                + (" FastEagle as a CUDA graph ms |\n|---|---|---|---|---|\n" if graph else "\n|---|---|---|---|\n")
+                + rows)
     s = doc["settings"]
     budget = s.get("tree_budget")
     if isinstance(budget, dict):  # --tree auto: one per drafter
@@ -548,7 +552,9 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
                     pack: bool | None = None, int8: bool | None = None) -> dict:
     """Median time of one draft step -- feed `accepted` new positions, then build the ~60-node tree --
     of the cascade (one pass through N layers) and of the EAGLE-3-style drafter (one layer, run once
-    per depth), with random weights at a model shape. The gap is the single-pass advantage.
+    per depth), with random weights at a model shape. The gap is the single-pass advantage. Both run
+    eagerly; on a GPU `fasteagle_graph` adds the cascade's step replayed as a CUDA graph (what
+    generation uses there).
 
     Both drafters get prepacked linears where the engine would give them (fp32 CPU; `pack`=False: stock),
     with int8 weights unless `int8` is False (`CascadedDrafter.pack_for_cpu`)."""
@@ -570,7 +576,10 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
            "prefix": prefix, "accepted": accepted, "packed_linears": int(pack), "draft_weights": None, "ms": {}}
     for depth in tqdm(depths, desc="draft step"):
         row = {}
-        for kind, cls in (("fasteagle", CascadedDrafter), ("eagle3", AutoregressiveDrafter)):
+        kinds = [("fasteagle", CascadedDrafter, "dynamic"), ("eagle3", AutoregressiveDrafter, None)]
+        if dev.type == "cuda":
+            kinds.append(("fasteagle_graph", CascadedDrafter, "graph"))
+        for kind, cls, mode in kinds:
             cfg = DrafterConfig(target="random", feature_layers=[0, 1, 2], num_layers=depth, **dims)
             if cls is AutoregressiveDrafter:
                 cfg = AutoregressiveDrafter.config_for(cfg, depth)
@@ -578,6 +587,7 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
                 d = cls(cfg).to(dev, dtype).eval().attach(ends, check=False)
             if pack:
                 d.pack_for_cpu(int8)
+            d.step_mode = mode
             out["draft_weights"] = d.packing
             d.reset(prefix + accepted + 8)
             d.extend(ids[:prefix], feats[:prefix], int(ids[prefix]))
@@ -590,7 +600,7 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
                 _sync(dev)
                 if r:  # the first is warmup
                     times.append((time.perf_counter() - t0) * 1e3)
-                d.cache.truncate(prefix)
+                d.rewind(prefix)
             row[kind] = round(statistics.median(times), 2)
             del d
         row["eagle3_over_fasteagle"] = round(row["eagle3"] / row["fasteagle"], 2)

@@ -13,8 +13,10 @@ from fasteagle.errors import FastEagleError
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
 DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
 # a trained drafter "+lookup" verifies its tree joined with prompt lookup's (fasteagle.hybrid);
-# "fasteagle-backbone" is the cascade with the paper's tree whatever --tree-shape says (to bench both)
-METHODS = ("vanilla", "lookup", "fasteagle", "eagle3", "fasteagle+lookup", "eagle3+lookup", "fasteagle-backbone")
+# "fasteagle-backbone" is the cascade with the paper's tree whatever --tree-shape says (to bench both);
+# "fasteagle-eager" runs its decode step op by op where "fasteagle" replays a CUDA graph (the same on a CPU)
+METHODS = ("vanilla", "lookup", "fasteagle", "eagle3", "fasteagle+lookup", "eagle3+lookup", "fasteagle-backbone",
+           "fasteagle-eager")
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +66,10 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
     if method == "fasteagle-backbone":
         d = make_drafter("fasteagle", target, args, path)
         d.tree_shape = "backbone"
+        return d
+    if method == "fasteagle-eager":
+        d = make_drafter("fasteagle", target, args, path)
+        d.step_mode = "dynamic"
         return d
     if method in ("fasteagle", "eagle3"):
         from fasteagle.drafter import CascadedDrafter

@@ -22,6 +22,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from fasteagle import packing
+from fasteagle.draftgraph import DraftStep, graphs_wanted
 from fasteagle.errors import FastEagleError
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
@@ -128,6 +129,12 @@ class CascadedDrafter(nn.Module):
         self.cache: KVCache | None = None
         self.last: torch.Tensor | None = None
         self.active_layers = cfg.num_layers  # layers run per decode, fixed at `reset`
+        # How a decode step runs: "dynamic" (a growing KV cache, the CPU's fastest), "static" (fixed
+        # shapes, `fasteagle.draftgraph`), "graph" (static, replayed as a CUDA graph); None: "graph" on
+        # a GPU (unless FASTEAGLE_DRAFT_GRAPH=0), "dynamic" elsewhere.
+        self.step_mode: str | None = None
+        self.fixed_step: DraftStep | None = None
+        self._capacity = 0
         self.apply(self._init)
 
     @staticmethod
@@ -251,12 +258,15 @@ class CascadedDrafter(nn.Module):
         """Decoder layer i on x; without autograd through the lean forward of `fasteagle.fused`
         (same weights, same result, a third fewer ops), with it through the stock layer."""
         if not torch.is_grad_enabled():
-            if self._fused is None:
-                self._fused = [FusedLayer(layer) for layer in self.layers]
-            return self._fused[i](x, pe, mask, cache)
+            return self.fused_layers()[i](x, pe, mask, cache)
         y = self.layers[i](x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
                            use_cache=cache is not None, position_embeddings=pe)
         return y[0] if isinstance(y, tuple) else y
+
+    def fused_layers(self) -> list[FusedLayer]:
+        if self._fused is None:
+            self._fused = [FusedLayer(layer) for layer in self.layers]
+        return self._fused
 
     def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
         """Logits over the draft vocab of depth `depth` (1-based) from that layer's output."""
@@ -337,15 +347,44 @@ class CascadedDrafter(nn.Module):
         """Start a sequence. A tree of `tree_budget` nodes reaches at most depth budget-1, so only
         that many layers run until the next reset: the deeper ones could never place a node, and
         skipping them (caches included) makes small trees' drafts cheaper at no loss."""
+        self.last = None
+        self.active_layers = self.draft_depths
+        self._capacity = capacity
+        if self.fixed_step is not None:
+            self.fixed_step.reset()
+        if self.mode() != "dynamic":
+            return
         if self.cache is None or self.cache.capacity < capacity:
             self.cache = KVCache(self.cfg.num_layers, capacity)
         self.cache.reset()
-        self.last = None
-        self.active_layers = self.draft_depths
+
+    def rewind(self, length: int) -> None:
+        """Forget every position from `length` on (a benchmark repeating one step)."""
+        if self.fixed_step is not None and self.mode() != "dynamic":
+            self.fixed_step.length = min(self.fixed_step.length, length)
+        else:
+            self.cache.truncate(length)
+
+    def mode(self) -> str:
+        """The decode step's kind this sequence (see `step_mode`)."""
+        if self.step_mode is not None:
+            return self.step_mode
+        return "graph" if graphs_wanted(self.fc.weight.device) else "dynamic"
+
+    def _max_k(self) -> int:
+        return self.tree_k if isinstance(self.tree_k, int) else max(self.tree_k)
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
         """Feed newly accepted positions through all N layers; keep each layer's last output."""
+        if self.mode() != "dynamic":
+            step = self.fixed_step
+            if step is None or (step.length == 0 and not step.fits(self._capacity, self.active_layers, self._max_k())):
+                self.fixed_step = step = DraftStep(self, self._capacity, self.active_layers, self._max_k(),
+                                             graph=self.mode() == "graph")
+            step.extend(tokens, features, next_token)
+            self.last = step.last
+            return
         n = tokens.numel()
         nxt = torch.cat([tokens[1:], tokens.new_tensor([next_token])])
         past = self.cache.length
@@ -357,23 +396,30 @@ class CascadedDrafter(nn.Module):
         self.last = torch.stack([o[0, -1] for o in outs])  # (active layers, width)
 
     @torch.no_grad()
-    def depth_probs(self) -> torch.Tensor:
-        """(D, V_draft) draft distributions for depths 1..D (D = active layers) from the last extend
-        (index with `vocab_ids` for token ids)."""
-        norms = self.norms[:self.last.shape[0]]  # each depth's own final norm, all in one op
-        z = F.rms_norm(self.last.float(), self.last.shape[-1:], eps=norms[0].variance_epsilon)
-        z = (z * torch.stack([n.weight for n in norms]).float()).to(self.last.dtype)
+    def depth_probs(self, last: torch.Tensor | None = None) -> torch.Tensor:
+        """(D, V_draft) draft distributions for depths 1..D from each layer's output `last` (D, W)
+        (default: the last extend's; index with `vocab_ids` for token ids)."""
+        last = self.last if last is None else last
+        norms = self.norms[:last.shape[0]]  # each depth's own final norm, all in one op
+        z = F.rms_norm(last.float(), last.shape[-1:], eps=norms[0].variance_epsilon)
+        z = (z * torch.stack([n.weight for n in norms]).float()).to(last.dtype)
         if self.proj is not None:
             z = self.proj(z)
         return torch.softmax(self.vocab_logits(z).float(), -1)  # every depth in one product
 
     @torch.no_grad()
     def draft(self, root: int) -> DraftTree:
-        probs = self.depth_probs()
-        n = probs.shape[0]
+        n = self.last.shape[0]
         ks = self.tree_k if isinstance(self.tree_k, int) else (list(self.tree_k) + [1] * n)[:n]
-        top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
-        return TREE_BUILDERS[self.tree_shape](root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
+        k = ks if isinstance(ks, int) else max(ks)
+        build = TREE_BUILDERS[self.tree_shape]
+        step = self.fixed_step if self.mode() != "dynamic" else None
+        if step is not None and step.topk is not None and step.k >= k:
+            # the step's top-k came with it: one copy to the host, the tree built there and sent back
+            top = step.topk[:, :, :k].cpu()
+            return build(root, top[1].long(), top[0], ks, self.tree_budget).to(self.last.device)
+        top_p, top_i = self.depth_probs().topk(k, -1)
+        return build(root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, out: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16,

@@ -225,6 +225,10 @@ def test_verify_cost_and_draft_step_render_as_tables(tiny):
     assert "| vs T=1 | 1.00x | " in table and table.count("\n|") == 4  # header, rule, ms, relative
     step = bench.draft_step_cost(TINY_SHAPE, depths=(2,), prefix=8, reps=1, device="cpu")
     assert "| 2 | " in bench.markdown_table(step) and "EAGLE-3 / FastEagle" in bench.markdown_table(step)
+    assert "CUDA graph" not in bench.markdown_table(step)  # a CPU run has no graph column
+    step["ms"]["2"]["fasteagle_graph"] = 0.25  # as a GPU run adds it
+    table = bench.markdown_table(step)
+    assert "FastEagle as a CUDA graph ms |" in table and table.rstrip().endswith("| 0.25 |")
 
 
 def test_draft_step_cost_packs_both_drafters_like_the_engine_does_on_a_cpu(monkeypatch):

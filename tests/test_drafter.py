@@ -228,6 +228,9 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
     tree = d.draft(5)  # the paper's tree: only the spine has children
     spine = {int((tree.depths == k).nonzero()[0]) for k in range(int(tree.depths.max()) + 1)}
     assert set(tree.parents[1:].tolist()) <= spine
+    eager = make_drafter("fasteagle-eager", tiny, args)  # the graph-free step, for a side-by-side on a GPU
+    assert eager.step_mode == "dynamic" and eager.mode() == "dynamic" and eager.tree_shape == "product"
+    assert make_drafter("fasteagle", tiny, args).step_mode is None  # the device decides
 
 
 @pytest.mark.parametrize("shape", ["product", "backbone"])

@@ -29,7 +29,7 @@ from tests.train.test_trainer import self_written
 DEVICE = os.environ.get("FASTEAGLE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE is None, reason="no CUDA device (FASTEAGLE_TEST_DEVICE=cpu "
                                                                           "runs these checks on the CPU)")]
-METHODS = ("fasteagle", "eagle3", "lookup", "fasteagle+lookup", "fasteagle-backbone")
+METHODS = ("fasteagle", "eagle3", "lookup", "fasteagle+lookup", "fasteagle-backbone", "fasteagle-eager")
 PROMPTS = [{"id": "a", "text": "w7 w8 w9 w10 w7 w8", "category": "chat"},
            {"id": "b", "text": "w11 w12 w13 w11 w12", "category": "code"}]
 
@@ -63,6 +63,30 @@ def test_every_method_is_lossless_on_the_device(gpu, args, method):
     assert len(sampled) == 24 and all(0 <= t < 320 for t in sampled)
 
 
+def test_the_drafter_step_replays_as_a_cuda_graph(gpu, args):
+    """On a GPU the cascade's step is a CUDA graph by default (`fasteagle.draftgraph`): the same
+    replies as the dynamic step and as vanilla decoding, greedy and sampled, with one capture per
+    drafter reused by later sequences. On the CPU the same fixed-shape step runs eagerly."""
+    mode = "graph" if torch.device(DEVICE).type == "cuda" else "static"
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
+    want, _ = run(gpu, prompt, max_new_tokens=24, stop_ids=set())
+    drafters = {m: make_drafter("fasteagle", gpu, args) for m in ("dynamic", mode)}
+    drafters["dynamic"].step_mode = "dynamic"
+    assert drafters[mode].mode() == mode or mode == "static"
+    drafters[mode].step_mode = mode
+    for sampling in (None, SamplingParams(0.7, 0.9)):
+        outs = [run(gpu, prompt, drafter=d, max_new_tokens=24, stop_ids=set(), sampling=sampling, seed=3)[0]
+                for d in drafters.values()]
+        assert outs[0] == outs[1] and (sampling or outs[0] == want)
+    step = drafters[mode].fixed_step
+    assert step is not None and step.length > 0
+    if mode == "graph":
+        graph = step._graph
+        assert graph is not None
+        run(gpu, prompt, drafter=drafters[mode], max_new_tokens=24, stop_ids=set())
+        assert drafters[mode].fixed_step._graph is graph  # captured once, replayed ever since
+
+
 def test_bench_runs_every_method_on_the_device(gpu, args, tmp_path):
     methods = {m: None if m in bench.HF_METHODS else make_drafter(m, gpu, args)
                for m in ("vanilla", "hf-generate", "hf-prompt-lookup", "eagle3", "fasteagle", "fasteagle+lookup")}
@@ -75,6 +99,7 @@ def test_bench_runs_every_method_on_the_device(gpu, args, tmp_path):
     assert set(bench.verify_cost(gpu, (1, 8))["ms"]) == {"1", "8"}
     step = bench.draft_step_cost("smollm2-135m", (2,), device=DEVICE, reps=1)
     assert step["ms"]["2"]["fasteagle"] > 0
+    assert ("fasteagle_graph" in step["ms"]["2"]) == (torch.device(DEVICE).type == "cuda")
 
 
 def test_training_on_the_device_writes_a_lossless_drafter(gpu, tmp_path):

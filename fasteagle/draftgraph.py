@@ -1,0 +1,157 @@
+"""The cascade's decode step with fixed shapes, so that a CUDA graph can replay it in one launch.
+
+Why: on a GPU a small drafter's step is bound by kernel launches, not arithmetic. SmolLM2's
+six-layer `extend` plus the per-depth top-k is about 200 launches (4.6 ms of an H200 step whose
+target forward takes 17.9 ms); replayed from a graph they cost one launch.
+
+A graph fixes every shape and address, so this step
+- writes keys/values into one preallocated buffer per layer at positions held in a tensor
+  (`StaticKV`) and attends over the whole buffer, masked by those positions;
+- always runs `rows` rows: the accepted path (at most one node per draft depth plus the root)
+  padded with stale rows. A padded row writes beyond the prefix end, where the next step writes
+  its own rows before any row reads there, and its output is never read;
+- ends with the per-depth top-k packed into one tensor, so the host reads it in one copy.
+
+A prefill (more rows than that) runs the same code eagerly. Without CUDA (or with `graph=False`)
+the whole step runs eagerly: the tests compare it with the dynamic step that way.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from fasteagle.kvcache import ContextOverflowError
+
+
+def graphs_wanted(device: torch.device) -> bool:
+    """CUDA graphs for the drafter step on a GPU, unless FASTEAGLE_DRAFT_GRAPH=0."""
+    return device.type == "cuda" and os.environ.get("FASTEAGLE_DRAFT_GRAPH", "1") != "0"
+
+
+class StaticKV:
+    """Every drafter layer's keys and values in fixed (1, H, capacity, D) buffers, written at the
+    positions in `pos` (set before each forward) and returned whole: the shapes never change."""
+
+    def __init__(self, layers: int, capacity: int, heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.capacity = capacity
+        self.keys = torch.zeros(layers, 1, heads, capacity, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.pos: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k.index_copy_(2, self.pos, key_states)
+        v.index_copy_(2, self.pos, value_states)
+        return k, v
+
+
+class DraftStep:
+    """`extend` + per-depth top-k of a `CascadedDrafter` over a `StaticKV`, optionally as a CUDA graph.
+
+    `length` counts the accepted positions held (the prefix end); `last` and `topk` hold the last
+    step's outputs: each active layer's output at the last accepted position, and (2, layers, k)
+    with the top-k probabilities in row 0 and their token ids (as floats) in row 1.
+    """
+
+    def __init__(self, drafter, capacity: int, layers: int, k: int, graph: bool):
+        cfg = drafter.cfg
+        dev, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
+        self.drafter, self.layers, self.k, self.graph = drafter, layers, k, graph
+        self.rows = drafter.num_depths + 1  # the root plus one accepted node per depth
+        self.kv = StaticKV(layers, capacity + self.rows, cfg.num_kv_heads, cfg.head_dim, dtype, dev)
+        self.capacity = capacity
+        self.cols = torch.arange(self.kv.capacity, device=dev)
+        self.length = 0
+        self.last: torch.Tensor | None = None
+        self.topk: torch.Tensor | None = None
+        # the graph's inputs live at fixed addresses; a step copies its data into them
+        self.in_feats = torch.zeros(1, self.rows, len(cfg.feature_layers) * cfg.target_hidden, dtype=dtype,
+                                    device=dev)
+        self.in_ids = torch.zeros(1, self.rows, dtype=torch.long, device=dev)
+        self.in_pos = torch.arange(self.rows, device=dev)
+        self.in_last = torch.zeros(1, dtype=torch.long, device=dev)
+        self.offsets = torch.arange(self.rows, device=dev)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph_out: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._graph_key: tuple | None = None
+
+    def fits(self, capacity: int, layers: int, k: int) -> bool:
+        return capacity <= self.capacity and layers == self.layers and k == self.k
+
+    def reset(self) -> None:
+        self.length = 0
+        self.last = self.topk = None
+
+    def forward(self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor):
+        """Rows `ids` (1, R) with target features `feats` (1, R, F) at positions `pos` (R,): write their
+        keys/values, and return (each layer's output at row `last`, the packed per-depth top-k)."""
+        d = self.drafter
+        self.kv.pos = pos
+        mask = (self.cols[None] <= pos[:, None])[None, None]  # row i sees every position up to its own
+        outs = d.hidden(feats, ids, pos[None], mask, self.kv, self.layers)
+        rows = torch.cat([o[0].index_select(0, last) for o in outs])  # (layers, W)
+        top_p, top_i = d.depth_probs(rows).topk(self.k, -1)
+        return rows, torch.stack([top_p, d.vocab_ids[top_i].float()])  # token ids < 2**24 are exact
+
+    def extend(self, tokens: torch.Tensor, features: torch.Tensor, next_token: int) -> None:
+        """The drafter protocol's `extend`: feed the accepted positions, keep the outputs."""
+        n = tokens.numel()
+        if self.length + n > self.capacity:
+            raise ContextOverflowError(
+                f"context too long: {self.length} cached + {n} new positions exceed the drafter cache capacity "
+                f"{self.capacity}; shorten the prompt or lower max_new_tokens")
+        nxt = torch.cat([tokens[1:], tokens.new_tensor([next_token])])
+        feats = features.to(self.in_feats.dtype)
+        if n > self.rows:  # a prefill: eager, at its own length
+            pos = torch.arange(self.length, self.length + n, device=tokens.device)
+            self.last, self.topk = self.forward(feats[None], nxt[None], pos, pos.new_tensor([n - 1]))
+        else:
+            self.in_ids[0, :n] = nxt
+            self.in_feats[0, :n] = feats
+            torch.add(self.offsets, self.length, out=self.in_pos)
+            self.in_last.fill_(n - 1)
+            self.last, self.topk = self._run()
+        self.length += n
+
+    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        args = (self.in_feats, self.in_ids, self.in_pos, self.in_last)
+        if not self.graph:
+            return self.forward(*args)
+        key = self._weights_key()
+        if self._graph is None or key != self._graph_key:
+            try:
+                self._capture(args)
+            except RuntimeError as exc:  # a setup that cannot capture still drafts, eagerly
+                warnings.warn(f"fasteagle: the drafter step could not be captured as a CUDA graph ({exc}); "
+                              "running it eagerly", stacklevel=2)
+                self.graph = False
+                return self.forward(*args)
+            self._graph_key = key
+        self._graph.replay()
+        return self._graph_out
+
+    def _weights_key(self) -> tuple:
+        """What the captured graph read by address: rebuilt merged weights need a new capture."""
+        d = self.drafter
+        fused = d.fused_layers()
+        for f in fused:
+            f._refresh()
+        return tuple(id(t) for f in fused for t in (f.qkv, f.gate_up)) + (id(d.head_weight()),)
+
+    def _capture(self, args) -> None:
+        """Warm up on a side stream (lazy initialisations, cuBLAS workspaces), then record the step.
+        The warm-up runs compute this step's real rows, which the replay writes again."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.forward(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.forward(*args)
+        self._graph, self._graph_out = graph, out

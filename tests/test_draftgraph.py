@@ -1,0 +1,88 @@
+"""The fixed-shape drafter step (the one a CUDA graph replays), run eagerly on the CPU: the same
+outputs and drafts as the dynamic step, prefills and padded steps alike, lossless decoding, and a
+clear error when the cache is full. tests/test_gpu.py replays it as a graph on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fasteagle.draftgraph import graphs_wanted
+from fasteagle.generate import run
+from fasteagle.kvcache import ContextOverflowError
+from tests.conftest import TINY_VOCAB
+from tests.test_drafter import features, make
+
+
+def pair(tiny, budget: int = 16):
+    """The same drafter twice, one per step mode."""
+    out = []
+    for mode in ("dynamic", "static"):
+        d = make(tiny)
+        d.tree_k, d.tree_budget, d.step_mode = 4, budget, mode
+        out.append(d)
+    return out
+
+
+def test_static_steps_equal_dynamic_steps(tiny):
+    """A prefill, then accepted paths of every length up to the padded row count (the root plus one
+    node per depth): the same layer outputs, distributions and trees."""
+    ids = torch.randint(4, TINY_VOCAB, (40,))
+    f = features(tiny, ids[None], make(tiny).cfg.feature_layers)[0]
+    dyn, sta = pair(tiny)
+    cuts = [0, 12, 13, 15, 18, 22, 27, 32, 40]  # chunks of 12 (prefill), then 1..5 rows, then 5, 8
+    for d in (dyn, sta):
+        d.reset(64)
+    for a, b in zip(cuts, cuts[1:]):
+        nxt = int(ids[b]) if b < 40 else 7
+        trees = []
+        for d in (dyn, sta):
+            d.extend(ids[a:b], f[a:b], nxt)
+            trees.append(d.draft(nxt))
+        torch.testing.assert_close(sta.last, dyn.last, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(sta.depth_probs(), dyn.depth_probs(), atol=1e-6, rtol=1e-4)
+        for name in ("tokens", "parents", "depths", "sources"):
+            assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
+        torch.testing.assert_close(trees[1].draft_probs, trees[0].draft_probs, atol=1e-6, rtol=1e-4)
+    assert sta.fixed_step.length == 40 and sta.fixed_step.rows == sta.num_depths + 1
+
+
+def test_static_step_decodes_losslessly(tiny):
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9, 11, 13])
+    want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
+    dyn, sta = pair(tiny)
+    got_dyn, tr_dyn = run(tiny, prompt, drafter=dyn, max_new_tokens=30, stop_ids=set())
+    got_sta, tr_sta = run(tiny, prompt, drafter=sta, max_new_tokens=30, stop_ids=set())
+    assert got_sta == got_dyn == want
+    assert [t.tree["tokens"] for t in tr_sta[1:]] == [t.tree["tokens"] for t in tr_dyn[1:]]
+    # a second sequence reuses the step (and its buffers) from the start
+    step = sta.fixed_step
+    again, _ = run(tiny, prompt, drafter=sta, max_new_tokens=30, stop_ids=set())
+    assert again == want and sta.fixed_step is step
+
+
+def test_a_small_tree_builds_a_step_of_fewer_layers(tiny):
+    _, sta = pair(tiny, budget=3)
+    ids = torch.randint(4, TINY_VOCAB, (10,))
+    sta.reset(64)
+    sta.extend(ids, features(tiny, ids[None], sta.cfg.feature_layers)[0], 5)
+    assert sta.fixed_step.layers == 2 and sta.fixed_step.kv.keys.shape[0] == 2 and sta.last.shape[0] == 2
+    assert sta.draft(5).size == 3
+
+
+def test_a_full_static_cache_refuses_more(tiny):
+    _, sta = pair(tiny)
+    ids = torch.randint(4, TINY_VOCAB, (20,))
+    f = features(tiny, ids[None], sta.cfg.feature_layers)[0]
+    sta.reset(16)
+    sta.extend(ids[:14], f[:14], int(ids[14]))
+    with pytest.raises(ContextOverflowError, match="capacity 16"):
+        sta.extend(ids[14:17], f[14:17], int(ids[17]))
+    assert sta.fixed_step.length == 14  # nothing was written
+
+
+def test_graphs_only_on_a_gpu(monkeypatch):
+    assert not graphs_wanted(torch.device("cpu"))
+    assert graphs_wanted(torch.device("cuda"))
+    monkeypatch.setenv("FASTEAGLE_DRAFT_GRAPH", "0")
+    assert not graphs_wanted(torch.device("cuda"))
