@@ -270,6 +270,10 @@ def markdown_table(doc: dict) -> str:
     verify-cost sweep or a draft-step timing."""
     if "relative" in doc:
         return _verify_cost_table(doc)
+    if doc.get("profile"):
+        from fasteagle.profile import markdown
+
+        return markdown(doc)
     if "shape" in doc:
         graph = any("fasteagle_graph" in r for r in doc["ms"].values())
         rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |"

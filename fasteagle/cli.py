@@ -193,6 +193,22 @@ def cmd_bench(args) -> int:
                 "dtype": str(target.dtype), "packed_linears": target.packed,
                 "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
                 "drafters": _drafter_summaries(methods)}
+    if args.profile_step:
+        import time
+
+        import torch
+
+        from fasteagle.generate import chat_prompt_ids
+        from fasteagle.profile import profile_steps
+
+        if any(m in bench.HF_METHODS for m in methods):
+            raise FastEagleError("--profile-step times this project's decoding loop: drop the hf-* methods")
+        ids = [chat_prompt_ids(target, p["text"]) for p in prompts]
+        sampling = SamplingParams(args.temperature, args.top_p)
+        doc = {"profile": True, "device": bench.device_name(target.device), "target": target.name,
+               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "settings": settings,
+               "methods": profile_steps(target, methods, ids, args.max_new_tokens, sampling)}
+        return _report(doc, args.out)
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}
         for m, d in methods.items():
@@ -304,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only time one draft step of FastEagle vs EAGLE-3-style at a model shape, random weights "
                         "(llama3-8b or smollm2-135m)")
     b.add_argument("--depths", default="4,6,8", help="draft depths for --draft-step")
+    b.add_argument("--profile-step", dest="profile_step", action="store_true",
+                   help="with --prompts/--methods: where each decode step's time goes (ms and dispatched ops for "
+                        "the target forward, tree building, drafter extend and the rest)")
     b.add_argument("--update-readme", dest="update_readme", default=None, metavar="FILES",
                    help="regenerate the README results section from these result JSON files (comma list)")
     b.add_argument("--readme", default="README.md")

@@ -351,7 +351,7 @@ class CascadedDrafter(nn.Module):
         self.active_layers = self.draft_depths
         self._capacity = capacity
         if self.fixed_step is not None:
-            self.fixed_step.reset()
+            self.fixed_step.reset(capacity)
         if self.mode() != "dynamic":
             return
         if self.cache is None or self.cache.capacity < capacity:
@@ -380,8 +380,10 @@ class CascadedDrafter(nn.Module):
         if self.mode() != "dynamic":
             step = self.fixed_step
             if step is None or (step.length == 0 and not step.fits(self._capacity, self.active_layers, self._max_k())):
-                self.fixed_step = step = DraftStep(self, self._capacity, self.active_layers, self._max_k(),
-                                             graph=self.mode() == "graph")
+                room = -(-self._capacity // 1024) * 1024  # rounded up: a longer prompt rarely needs a new capture
+                self.fixed_step = step = DraftStep(self, room, self.active_layers, self._max_k(),
+                                                   graph=self.mode() == "graph")
+                step.reset(self._capacity)
             step.extend(tokens, features, next_token)
             self.last = step.last
             return

@@ -63,7 +63,8 @@ class DraftStep:
         self.drafter, self.layers, self.k, self.graph = drafter, layers, k, graph
         self.rows = drafter.num_depths + 1  # the root plus one accepted node per depth
         self.kv = StaticKV(layers, capacity + self.rows, cfg.num_kv_heads, cfg.head_dim, dtype, dev)
-        self.capacity = capacity
+        self.capacity = capacity  # what the buffers hold
+        self.limit = capacity  # what this sequence may use (`reset` lowers it)
         self.cols = torch.arange(self.kv.capacity, device=dev)
         self.length = 0
         self.last: torch.Tensor | None = None
@@ -82,8 +83,9 @@ class DraftStep:
     def fits(self, capacity: int, layers: int, k: int) -> bool:
         return capacity <= self.capacity and layers == self.layers and k == self.k
 
-    def reset(self) -> None:
+    def reset(self, limit: int | None = None) -> None:
         self.length = 0
+        self.limit = self.capacity if limit is None else min(limit, self.capacity)
         self.last = self.topk = None
 
     def forward(self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor):
@@ -100,10 +102,10 @@ class DraftStep:
     def extend(self, tokens: torch.Tensor, features: torch.Tensor, next_token: int) -> None:
         """The drafter protocol's `extend`: feed the accepted positions, keep the outputs."""
         n = tokens.numel()
-        if self.length + n > self.capacity:
+        if self.length + n > self.limit:
             raise ContextOverflowError(
                 f"context too long: {self.length} cached + {n} new positions exceed the drafter cache capacity "
-                f"{self.capacity}; shorten the prompt or lower max_new_tokens")
+                f"{self.limit}; shorten the prompt or lower max_new_tokens")
         nxt = torch.cat([tokens[1:], tokens.new_tensor([next_token])])
         feats = features.to(self.in_feats.dtype)
         if n > self.rows:  # a prefill: eager, at its own length
