@@ -1,13 +1,18 @@
 #!/bin/bash
 # One GPU session in a fixed time budget: (optionally) the LLaMA-3-8B-shape draft step, the target's replies
 # to every ShareGPT train prompt (self-distillation), layer-wise training of the shipped drafter on them with
-# the target as online teacher, and the chat benchmark with the result. The H200 results in
-# bench/results/gpu-h200-* and the stage-9 and stage-10 drafters were made this way (stage 10:
-# `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`, its steps run as separate device calls of one loan).
+# the target as online teacher, and the chat benchmark with the result, then where a decode step's time goes
+# (--profile-step). The H200 results in bench/results/gpu-h200-* and the stage-9 and stage-10 drafters were
+# made this way (stage 10: `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`, its steps run as separate
+# device calls of one loan).
 #
-# Usage: [DRAFT_STEP=1] [INTER=1536] bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
+# Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1]
+#        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
-# A runs/gpu-drafter/distilled.pt left by an earlier call is reused (delete it to distil again).
+# A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
+# distil again). SAMPLED=1 also has the target write a second reply to every prompt, sampled at temperature
+# 0.7 (runs/gpu-replies-s1, ~170 s), and trains on both; ADD_DATA names more saved token datasets to train on.
+# TRAIN=0 skips training and benches the shipped drafter.
 set -u
 B=${1:-585}
 OUT=${2:-runs/gpu-session}
@@ -30,20 +35,39 @@ python -m fasteagle train --out runs/gpu-drafter --data data/train_prompts.pt --
   --eval-sequences 60 --device cuda --dtype fp32
 echo "[t=$(el)] replies written"
 
-# 3. training: what is left after ~130 s kept for the bench and 40 s for loading and the two evaluations
-TRN=$(python -c "print(round(max(0.5, $B - $(el) - 170) / 60, 2))")
-echo "[t=$(el)] train $TRN min"
-TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout $(( B - $(el) - 125 )) python -m fasteagle train --out runs/gpu-drafter \
+# 2b. a second, fully sampled reply to every prompt (more data, the same prompts)
+EXTRA=""
+if [ "${SAMPLED:-0}" = 1 ]; then
+  python -m fasteagle train --out runs/gpu-replies-s1 --data data/train_prompts.pt \
+    --holdout-data data/holdout_prompts.pt --distill --distill-only --distill-sample-every 1 --seed 1 \
+    --distill-max-new 256 --distill-batch 768 --distill-minutes 3.0 --features online --eval-sequences 60 \
+    --device cuda --dtype fp32
+  EXTRA="--add-data runs/gpu-replies-s1/distilled.pt"
+  echo "[t=$(el)] sampled replies written"
+fi
+for f in ${ADD_DATA:-}; do EXTRA="$EXTRA --add-data $f"; done
+
+# 3. training: what is left after ~170 s kept for the bench, the profile, loading and the two evaluations
+TRN=$(python -c "print(round(max(0.5, $B - $(el) - 210) / 60, 2))")
+[ "${TRAIN:-1}" = 1 ] && echo "[t=$(el)] train $TRN min" && \
+TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout $(( B - $(el) - 165 )) python -m fasteagle train --out runs/gpu-drafter \
   --config assets/drafters/smollm2-135m-fasteagle/train_stage10.json --data data/train_prompts.pt \
   --holdout-data data/holdout_prompts.pt --distill --distill-max-new 256 --distill-batch 768 --features online \
   --init-from assets/drafters/smollm2-135m-fasteagle --intermediate "${INTER:-1536}" --lr 4e-4 --warmup 30 \
-  --batch-tokens 32768 --epochs 100 --minutes "$TRN" --device cuda --dtype fp32
+  --batch-tokens 32768 --epochs 100 --minutes "$TRN" --device cuda --dtype fp32 $EXTRA
 DR=assets/drafters/smollm2-135m-fasteagle
 [ -f runs/gpu-drafter/config.json ] && DR=runs/gpu-drafter
 echo "[t=$(el)] bench with $DR"
 
-# 4. 10 chat prompts, every method interleaved prompt by prompt, fp32 so the lossless check is exact
-timeout $(( B - $(el) - 5 )) python -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
-  --methods vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle+lookup --max-new-tokens 128 \
-  --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json"
+# 4. 10 chat prompts, every method interleaved prompt by prompt, fp32 so the lossless check is exact;
+# fasteagle replays its draft step as a CUDA graph, fasteagle-eager runs it op by op
+timeout $(( B - $(el) - 40 )) python -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
+  --methods vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle-eager,fasteagle+lookup \
+  --max-new-tokens 128 --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json"
+echo "[t=$(el)] bench done"
+
+# 5. where the step's time goes: per phase ms and dispatched ops
+timeout $(( B - $(el) - 5 )) python -m fasteagle bench --profile-step --prompts assets/prompts/sharegpt_holdout.jsonl \
+  --limit 3 --methods vanilla,fasteagle,fasteagle-eager,eagle3 --max-new-tokens 64 --device cuda --dtype fp32 \
+  --drafter "$DR" --out "$OUT/gpu-smollm2-135m-profile.json"
 echo "[t=$(el)] all done"
