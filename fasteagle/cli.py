@@ -275,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--distill-sample-every", dest="distill_sample_every", type=int, default=None, metavar="N",
                    help="sample every N-th distillation batch at temperature 0.7, the rest greedy (default 4; "
                         "1: all sampled, 0: all greedy)")
+    t.add_argument("--seed", type=int, default=None,
+                   help="seeds the distillation order and its sampling, the batch order and the initialisation")
     t.add_argument("--add-data", dest="extra_data", action="append", default=None, metavar="FILE",
                    help="also train on this saved token dataset (repeatable), e.g. an earlier run's distilled.pt")
     t.add_argument("--features", choices=["online", "cache"], default=None)

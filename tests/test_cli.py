@@ -59,3 +59,21 @@ def test_show_steps_prints_tree_sizes(smollm, capsys):
     captured = capsys.readouterr()
     assert "[step   1] tree" in captured.err and "tau" in captured.err
     assert len(captured.out.strip()) > 10  # the reply itself goes to stdout
+
+
+def test_train_flags_reach_the_config(monkeypatch, tmp_path):
+    """What bench/gpu/run.sh passes (a second, sampled reply set with its own seed, more datasets)
+    arrives in the trainer's config; --config values stand unless a flag overrides them."""
+    import json
+
+    import fasteagle.train.trainer as trainer
+
+    got = {}
+    monkeypatch.setattr(trainer, "train", lambda cfg, command=None: got.setdefault("cfg", cfg))
+    (tmp_path / "c.json").write_text(json.dumps({"lr": 1e-3, "seed": 5, "epochs": 2.0}))
+    assert main(["train", "--out", str(tmp_path / "o"), "--config", str(tmp_path / "c.json"), "--seed", "1",
+                 "--distill", "--distill-only", "--distill-sample-every", "1", "--add-data", "a.pt",
+                 "--add-data", "b.pt"]) == 0
+    cfg = got["cfg"]
+    assert (cfg.seed, cfg.distill_sample_every, cfg.extra_data) == (1, 1, ["a.pt", "b.pt"])
+    assert cfg.distill and cfg.distill_only and cfg.lr == 1e-3 and cfg.epochs == 2.0
