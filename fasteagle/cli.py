@@ -37,6 +37,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft-int8", dest="draft_int8", action="store_const", const=False, default=None,
                    help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
                         "same either way, only the draft's speed and acceptance move)")
+    p.add_argument("--full-vocab", dest="full_vocab", action="store_true",
+                   help="let fasteagle draft over the target's whole vocabulary, not only its trained draft vocab "
+                        "(the head is the target's own, so no weights are missing; it costs a bigger head product)")
     p.add_argument("--tree-k", default=None,
                    help="top-k per depth: one int or a comma list (fasteagle); default: each drafter's own "
                         "(FastEagle 32, EAGLE-3-style 10, as EAGLE-2)")
@@ -85,6 +88,8 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         d.tree_budget = args.tree_budget
         if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
             d.tree_shape = args.tree_shape
+        if method == "fasteagle" and getattr(args, "full_vocab", False) and d.vocab_ids.numel() < d.cfg.vocab_size:
+            d.grow_vocab(d.cfg.vocab_size)
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
@@ -189,7 +194,7 @@ def cmd_bench(args) -> int:
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "tree_k": args.tree_k or {m: d.tree_k for m, d in methods.items() if hasattr(d, "tree_k")},
-                "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
+                "tree_budget": args.tree_budget, "tree_shape": args.tree_shape, "full_vocab": args.full_vocab,
                 "dtype": str(target.dtype), "packed_linears": target.packed,
                 "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
                 "drafters": _drafter_summaries(methods)}
@@ -269,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-sequences", dest="eval_sequences", type=int, default=None)
     t.add_argument("--warmup", type=int, default=None)
     t.add_argument("--draft-vocab", dest="draft_vocab", type=int, default=None,
-                   help="draft only the N most frequent reply tokens (0: the full vocabulary)")
+                   help="draft only the N most frequent reply tokens (0: the full vocabulary); with --init-from, "
+                        "N above its draft vocab grows it (N >= the vocabulary size: all of it)")
     t.add_argument("--distill-minutes", dest="distill_minutes", type=float, default=None)
     t.add_argument("--distill-batch", dest="distill_batch", type=int, default=None)
     t.add_argument("--distill-sample-every", dest="distill_sample_every", type=int, default=None, metavar="N",

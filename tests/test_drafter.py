@@ -155,6 +155,40 @@ def test_save_load_round_trip(tiny, tmp_path):
     assert e.info["note"] == "x"
 
 
+def test_grow_vocab_adds_tokens_to_draft_and_saves_them(tiny, tmp_path):
+    """A drafter trained on a subset drafts over more of the vocabulary: the old tokens plus the most
+    frequent others, or everything; its layers are untouched, only the head's rows grow."""
+    d = make(tiny, draft_vocab=64)
+    counts = torch.arange(TINY_VOCAB, dtype=torch.float)  # token t seen t times: the last 64 kept
+    d.set_vocab(counts)
+    old = d.vocab_ids.clone()
+    ids = torch.randint(4, TINY_VOCAB, (8,))
+    f = features(tiny, ids[None], d.cfg.feature_layers)[0]
+    d.reset(64)
+    d.extend(ids, f, 7)
+    last = d.last.clone()
+    counts2 = torch.zeros(TINY_VOCAB)
+    counts2[:40] = torch.arange(40, 0, -1.0)  # now tokens 0..39 are frequent, the first the most: 0..31 join
+    d.grow_vocab(96, counts2)
+    assert d.cfg.draft_vocab == 96 and set(old.tolist()) <= set(d.vocab_ids.tolist())
+    assert set(d.vocab_ids.tolist()) - set(old.tolist()) == set(range(32))
+    assert d.depth_probs(last).shape == (N, 96) and d.head_weight().shape[0] == 96
+    with pytest.raises(FastEagleError, match="only grow"):
+        d.grow_vocab(80, counts2)
+    with pytest.raises(FastEagleError, match="token counts"):
+        d.grow_vocab(100)
+    d.grow_vocab(TINY_VOCAB)  # everything
+    assert d.cfg.draft_vocab == 0 and torch.equal(d.vocab_ids, torch.arange(TINY_VOCAB))
+    probs = d.depth_probs(last)  # depth 1 over the whole vocabulary is the target's own head on layer 1
+    with torch.no_grad():
+        want = torch.softmax(tiny.model.lm_head(d.norms[0](last[0])), -1)
+    assert probs.shape == (N, TINY_VOCAB)
+    torch.testing.assert_close(probs[0], want, atol=1e-6, rtol=1e-4)
+    d.save(tmp_path)
+    e = CascadedDrafter.load(tmp_path, tiny.model)
+    assert e.cfg.draft_vocab == 0 and e.vocab_ids.numel() == TINY_VOCAB
+
+
 def test_grow_mlp_keeps_the_function_and_adds_trainable_channels(tiny, tmp_path):
     """Widening the MLP changes no output (new channels' down columns are zero), takes the target's
     next MLP channels for the new gate/up rows, trains the new channels, and saves/loads widened."""
@@ -231,6 +265,12 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
     eager = make_drafter("fasteagle-eager", tiny, args)  # the graph-free step, for a side-by-side on a GPU
     assert eager.step_mode == "dynamic" and eager.mode() == "dynamic" and eager.tree_shape == "product"
     assert make_drafter("fasteagle", tiny, args).step_mode is None  # the device decides
+    make(tiny, draft_vocab=64).save(tmp_path / "small")
+    small = SimpleNamespace(**(vars(args) | {"drafter": str(tmp_path / "small")}))
+    assert make_drafter("fasteagle", tiny, small).vocab_ids.numel() == 64  # the trained draft vocab
+    wide = make_drafter("fasteagle", tiny, SimpleNamespace(**vars(small), full_vocab=True))
+    assert wide.vocab_ids.numel() == TINY_VOCAB and wide.tree_k == [4, 2]
+    assert len(run(tiny, ids, drafter=wide, max_new_tokens=8)[0]) == 8
 
 
 @pytest.mark.parametrize("shape", ["product", "backbone"])

@@ -61,7 +61,8 @@ class TrainConfig:
     intermediate: int = 768
     loss_decay: float = 0.8
     topk: int = 16
-    draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens
+    draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens; with init_from,
+    # a number above its draft vocab grows it (the vocabulary size or more: all of it)
     keep_prompt: int = 64  # prompt tokens kept before each reply in distilled feature shards
     lr: float = 5e-4
     warmup: int = 100
@@ -189,6 +190,11 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         if cfg.intermediate > drafter.cfg.intermediate:  # more capacity, same function to start from
             accel.print(f"widening its MLP from {drafter.cfg.intermediate} to {cfg.intermediate} channels")
             drafter.grow_mlp(cfg.intermediate, model)
+        if cfg.draft_vocab and drafter.cfg.draft_vocab and (cfg.draft_vocab > drafter.cfg.draft_vocab
+                                                            or cfg.draft_vocab >= dcfg.vocab_size):
+            accel.print(f"growing its draft vocab from {drafter.cfg.draft_vocab} to "
+                        f"{min(cfg.draft_vocab, dcfg.vocab_size)} tokens")
+            drafter.grow_vocab(cfg.draft_vocab, counts)
     else:
         drafter = drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:

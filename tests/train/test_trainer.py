@@ -171,6 +171,24 @@ def test_continuing_with_a_larger_intermediate_widens_the_drafter(tiny, tmp_path
 
 
 
+def test_continuing_with_a_larger_draft_vocab_grows_it(tiny, tmp_path):
+    """`--init-from` with `--draft-vocab` above the drafter's adds the most frequent other reply tokens
+    (or, at the vocabulary size, all of them), keeps its tokens, and trains and saves the bigger head."""
+    data = self_written(tiny, 6, seed=7, new=20)
+    save_token_dataset(data, tmp_path / "d.pt")
+    kw = dict(data=str(tmp_path / "d.pt"), holdout_data=str(tmp_path / "d.pt"), topk=4, batch_tokens=200, warmup=2,
+              device="cpu", num_layers=2, intermediate=64, eval_sequences=4, max_steps=2)
+    small = CascadedDrafter.load(train(TrainConfig(out=str(tmp_path / "a"), draft_vocab=32, **kw), target=tiny))
+    assert small.cfg.draft_vocab == 32
+    out = train(TrainConfig(out=str(tmp_path / "b"), init_from=str(tmp_path / "a"), draft_vocab=64, **kw),
+                target=tiny)
+    mid = CascadedDrafter.load(out, tiny.model)
+    assert mid.cfg.draft_vocab == 64 and set(small.vocab_ids.tolist()) <= set(mid.vocab_ids.tolist())
+    full = CascadedDrafter.load(train(TrainConfig(out=str(tmp_path / "c"), init_from=str(out), draft_vocab=TINY_VOCAB,
+                                                  **kw), target=tiny), tiny.model)
+    assert full.cfg.draft_vocab == 0 and full.vocab_ids.numel() == TINY_VOCAB
+    assert "draft vocab 320 tokens" in (tmp_path / "c" / "README.md").read_text()
+
 def test_distill_only_then_a_rerun_trains_on_the_written_replies(tiny, tmp_path, monkeypatch):
     """`distill_only` writes the target's own replies (train and holdout) and stops; a rerun in the same
     out dir trains on them without distilling again (how a GPU session splits its device calls)."""
