@@ -6,13 +6,16 @@
 # made this way (stage 10: `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`, its steps run as separate
 # device calls of one loan).
 #
-# Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1]
-#        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
+# Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
+#        [BATCH_TOKENS=32768] [FULL_VOCAB=1] bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
 # A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
 # distil again). SAMPLED=1 also has the target write a second reply to every prompt, sampled at temperature
 # 0.7 (runs/gpu-replies-s1, ~170 s), and trains on both; ADD_DATA names more saved token datasets to train on.
-# TRAIN=0 skips training and benches the shipped drafter.
+# TRAIN=0 skips training and benches the shipped drafter. DRAFT_VOCAB grows the drafter's draft vocab (49152:
+# SmolLM2's whole vocabulary; the shipped 6144 tokens leave ~10% of reply tokens undraftable); a bigger head
+# needs more memory in training (BATCH_TOKENS=16384 halves it). FULL_VOCAB (set: on) benches with --full-vocab (a
+# drafter trained on fewer tokens drafts over all of them).
 set -u
 B=${1:-585}
 OUT=${2:-runs/gpu-session}
@@ -54,7 +57,8 @@ TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout $(( B - $(el) - 165 )) python -m fast
   --config assets/drafters/smollm2-135m-fasteagle/train_stage10.json --data data/train_prompts.pt \
   --holdout-data data/holdout_prompts.pt --distill --distill-max-new 256 --distill-batch 768 --features online \
   --init-from assets/drafters/smollm2-135m-fasteagle --intermediate "${INTER:-1536}" --lr 4e-4 --warmup 30 \
-  --batch-tokens 32768 --epochs 100 --minutes "$TRN" --device cuda --dtype fp32 $EXTRA
+  --batch-tokens "${BATCH_TOKENS:-32768}" --epochs 100 --minutes "$TRN" --device cuda --dtype fp32 $EXTRA \
+  ${DRAFT_VOCAB:+--draft-vocab "$DRAFT_VOCAB"}
 DR=assets/drafters/smollm2-135m-fasteagle
 [ -f runs/gpu-drafter/config.json ] && DR=runs/gpu-drafter
 echo "[t=$(el)] bench with $DR"
@@ -63,11 +67,12 @@ echo "[t=$(el)] bench with $DR"
 # fasteagle replays its draft step as a CUDA graph, fasteagle-eager runs it op by op
 timeout $(( B - $(el) - 40 )) python -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
   --methods vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle-eager,fasteagle+lookup \
-  --max-new-tokens 128 --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json"
+  --max-new-tokens 128 --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json" \
+  ${FULL_VOCAB:+--full-vocab}
 echo "[t=$(el)] bench done"
 
 # 5. where the step's time goes: per phase ms and dispatched ops
 timeout $(( B - $(el) - 5 )) python -m fasteagle bench --profile-step --prompts assets/prompts/sharegpt_holdout.jsonl \
   --limit 3 --methods vanilla,fasteagle,fasteagle-eager,eagle3 --max-new-tokens 64 --device cuda --dtype fp32 \
-  --drafter "$DR" --out "$OUT/gpu-smollm2-135m-profile.json"
+  --drafter "$DR" --out "$OUT/gpu-smollm2-135m-profile.json" ${FULL_VOCAB:+--full-vocab}
 echo "[t=$(el)] all done"
