@@ -81,7 +81,9 @@ class DraftStep:
         self._graph_key: tuple | None = None
 
     def fits(self, capacity: int, layers: int, k: int) -> bool:
-        return capacity <= self.capacity and layers == self.layers and k == self.k
+        w = self.drafter.fc.weight
+        return (capacity <= self.capacity and layers == self.layers and k == self.k
+                and (w.dtype, w.device) == (self.in_feats.dtype, self.in_feats.device))
 
     def reset(self, limit: int | None = None) -> None:
         self.length = 0
@@ -137,12 +139,15 @@ class DraftStep:
         return self._graph_out
 
     def _weights_key(self) -> tuple:
-        """What the captured graph read by address: rebuilt merged weights need a new capture."""
+        """Where the tensors the graph reads live: a graph replays raw addresses, so weights moved,
+        merged again, or a vocabulary changed since the capture need a new one."""
         d = self.drafter
         fused = d.fused_layers()
         for f in fused:
             f._refresh()
-        return tuple(id(t) for f in fused for t in (f.qkv, f.gate_up)) + (id(d.head_weight()),)
+        tensors = [*d.parameters(), *d.buffers(), d.head_weight(), d._frozen[0].weight,
+                   *(m.weight for f in fused for m in (f.qkv, f.gate_up))]
+        return tuple(t.data_ptr() for t in tensors)
 
     def _capture(self, args) -> None:
         """Warm up on a side stream (lazy initialisations, cuBLAS workspaces), then record the step.
@@ -154,6 +159,6 @@ class DraftStep:
                 self.forward(*args)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the app decodes on worker threads
             out = self.forward(*args)
         self._graph, self._graph_out = graph, out

@@ -86,3 +86,25 @@ def test_graphs_only_on_a_gpu(monkeypatch):
     assert graphs_wanted(torch.device("cuda"))
     monkeypatch.setenv("FASTEAGLE_DRAFT_GRAPH", "0")
     assert not graphs_wanted(torch.device("cuda"))
+
+
+def test_the_graph_key_follows_every_tensor_it_reads(tiny):
+    """A graph replays raw addresses: the key it is captured under changes when the weights it reads
+    move, are merged again or the vocabulary grows (and then the step is captured anew)."""
+    d = make(tiny, draft_vocab=64)
+    d.step_mode = "static"
+    ids = torch.randint(4, TINY_VOCAB, (10,))
+    d.reset(64)
+    d.extend(ids, features(tiny, ids[None], d.cfg.feature_layers)[0], 5)
+    step = d.fixed_step
+    key = step._weights_key()
+    assert step._weights_key() == key  # stable while nothing changes
+    d.grow_vocab(TINY_VOCAB)
+    grown = step._weights_key()
+    assert grown != key
+    with torch.no_grad():
+        d.layers[0].self_attn.q_proj.weight.add_(0.0)  # in place: the merged weights are made again
+    assert step._weights_key() != grown
+    assert step.fits(64, step.layers, step.k) and not step.fits(64, step.layers + 1, step.k)
+    d.to(torch.float64)
+    assert not step.fits(64, step.layers, step.k)  # another dtype: a new step
