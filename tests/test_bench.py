@@ -65,6 +65,9 @@ def test_summary_detects_a_different_output():
 def test_markdown_charts_and_readme(doc, tmp_path):
     table = bench.markdown_table(doc)
     assert "| lookup |" in table and "| hf-generate |" in table
+    assert "--full-vocab" not in table
+    wide = doc | {"settings": doc["settings"] | {"full_vocab": True}}
+    assert "drafting over the whole vocabulary (--full-vocab)" in bench.markdown_table(wide).splitlines()[0]
     # one row per category, one cell per method
     cat_rows = [line for line in table.splitlines() if line.startswith(("| chat |", "| code |"))]
     assert len(cat_rows) == 2 and all(row.count("|") == len(doc["methods"]) + 2 for row in cat_rows)
