@@ -291,7 +291,8 @@ def markdown_table(doc: dict) -> str:
     head = (f"**{doc['device']}**{_linears(s)}, target `{doc['target']}`, {s.get('prompts_desc', '')} "
             f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, tree budget {budget} nodes"
             + (f", fasteagle tree {s['tree_shape']}" if s.get("tree_shape") else "")
-            + (", drafting over the whole vocabulary (--full-vocab)" if s.get("full_vocab") else "") + f", {doc['date']}"
+            + (", drafting over the whole vocabulary (--full-vocab)" if s.get("full_vocab") else "")
+            + f", {doc['date']}"
             + "".join(f"; {m} drafter `{d['path']}` ({d['steps']} steps, {d['train_minutes']} min)"
                       for m, d in (s.get("drafters") or {}).items()) + "\n\n")
     lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
