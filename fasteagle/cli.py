@@ -88,8 +88,8 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         d.tree_budget = args.tree_budget
         if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
             d.tree_shape = args.tree_shape
-        if method == "fasteagle" and getattr(args, "full_vocab", False) and d.vocab_ids.numel() < d.cfg.vocab_size:
-            d.grow_vocab(d.cfg.vocab_size)
+        if method == "fasteagle" and getattr(args, "full_vocab", False):
+            d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 

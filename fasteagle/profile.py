@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import nullcontext
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fasteagle.generate import generate
+from fasteagle.generate import _synchronize, generate
 
 PHASES = ("target", "draft", "extend", "rest")
 _NO_KERNEL = {"detach", "detach_", "resolve_conj", "resolve_neg", "lift_fresh", "alias"}
@@ -36,8 +37,8 @@ class _Clock:
         self._t0 = 0.0
 
     def sync(self) -> None:
-        if self.timed and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.timed:
+            _synchronize(self.device)
 
     def enter(self, phase: str) -> None:
         self.sync()
@@ -102,16 +103,12 @@ def _run(target, ids_list, drafter, max_new: int, sampling, count: bool) -> tupl
             clock.ms.clear()
             if counter is not None:
                 counter.ops.clear()
-                counter.__enter__()
             clock.sync()
             t0 = time.perf_counter()
-            try:
+            with counter if counter is not None else nullcontext():
                 for trace in gen:
                     steps += 1
                     tokens += len(trace.tokens)
-            finally:
-                if counter is not None:
-                    counter.__exit__(None, None, None)
             clock.sync()
             wall = (time.perf_counter() - t0) * 1e3
             clock.ms["rest"] += wall - sum(clock.ms[p] for p in PHASES if p != "rest")

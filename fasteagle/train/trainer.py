@@ -190,8 +190,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         if cfg.intermediate > drafter.cfg.intermediate:  # more capacity, same function to start from
             accel.print(f"widening its MLP from {drafter.cfg.intermediate} to {cfg.intermediate} channels")
             drafter.grow_mlp(cfg.intermediate, model)
-        if cfg.draft_vocab and drafter.cfg.draft_vocab and (cfg.draft_vocab > drafter.cfg.draft_vocab
-                                                            or cfg.draft_vocab >= dcfg.vocab_size):
+        if drafter.cfg.draft_vocab and cfg.draft_vocab > drafter.cfg.draft_vocab:  # 0: it has them all already
             accel.print(f"growing its draft vocab from {drafter.cfg.draft_vocab} to "
                         f"{min(cfg.draft_vocab, dcfg.vocab_size)} tokens")
             drafter.grow_vocab(cfg.draft_vocab, counts)
