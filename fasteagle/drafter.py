@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
@@ -356,17 +357,32 @@ class CascadedDrafter(nn.Module):
             m = loss_mask[:, i + 1:i + 1 + n].bool()
             if not bool(m.any()):
                 continue
-            logp = F.log_softmax(self.head(h[:, :n][m], i).float(), -1)  # (M, V_draft)
             d_ids = self.to_draft_ids(teacher_ids[:, i:i + n][m])  # (M, K), -1 outside the vocab
             t_p = teacher_probs[:, i:i + n][m].float() * (d_ids >= 0)
             t_p = t_p / t_p.sum(-1, keepdim=True).clamp_min(1e-9)
-            ce = -(t_p * logp.gather(-1, d_ids.clamp_min(0))).sum(-1)
+            hits = d_ids[:, 0]
+            args = (h[:, :n][m], i, d_ids.clamp_min(0), t_p, hits)
+            if torch.is_grad_enabled() and self.head_weight().shape[0] * args[0].shape[0] > self.LEAN_LOSS_ELEMENTS:
+                # recompute this depth's logits in the backward instead of keeping them: a whole-vocab
+                # head would otherwise hold every depth's (M, V) logits at once (tens of GB at 32k tokens)
+                ce, correct = checkpoint(self._depth_loss, *args, use_reentrant=False)
+            else:
+                ce, correct = self._depth_loss(*args)
             layer_loss = ce.mean()
             total = total + self.cfg.loss_decay ** (i - 1) * layer_loss
-            with torch.no_grad():
-                stats[f"acc{i}"] = float((logp.argmax(-1) == d_ids[:, 0]).float().mean())
-                stats[f"loss{i}"] = float(layer_loss.detach())
+            stats[f"acc{i}"] = float(correct.float().mean())
+            stats[f"loss{i}"] = float(layer_loss.detach())
         return total, stats
+
+    LEAN_LOSS_ELEMENTS = 1 << 28  # logits (M positions x V draft tokens) above which a depth's loss is recomputed
+
+    def _depth_loss(self, h: torch.Tensor, depth: int, ids: torch.Tensor, probs: torch.Tensor,
+                    hits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-entropy of depth `depth`'s draft distribution against the teacher's top-k (`ids`,
+        `probs`, (M, K)) at the M counted positions, and whether its argmax is the teacher's top-1 (`hits`)."""
+        logp = F.log_softmax(self.head(h, depth).float(), -1)  # (M, V_draft)
+        ce = -(probs * logp.gather(-1, ids)).sum(-1)
+        return ce, logp.detach().argmax(-1) == hits
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:

@@ -88,6 +88,32 @@ def test_loss_uses_the_one_position_shift_and_the_mask(tiny):
     assert float(loss2) == pytest.approx(float(loss), rel=1e-6)
 
 
+def test_recomputed_loss_gives_the_same_loss_and_gradients(tiny):
+    """A big head's loss recomputes each depth's logits in the backward (memory, not math): same
+    loss, same stats, same gradients as keeping them."""
+    d = make(tiny, draft_vocab=200).train()
+    counts = torch.arange(TINY_VOCAB)
+    d.set_vocab(counts)  # the 200 highest ids: some teacher tokens fall outside and count as misses
+    ids = torch.randint(4, TINY_VOCAB, (2, 12))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    t_ids = torch.randint(4, TINY_VOCAB, (2, 12, 3))
+    t_p = torch.softmax(torch.randn(2, 12, 3), -1)
+    mask = (torch.rand(2, 12) > 0.3).float()
+    results = []
+    for lean in (False, True):
+        d.zero_grad()
+        d.LEAN_LOSS_ELEMENTS = 0 if lean else 1 << 40
+        loss, stats = d.loss(f, ids, mask, t_ids, t_p)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
+        results.append((float(loss.detach()), stats, grads))
+    (l0, s0, g0), (l1, s1, g1) = results
+    assert l0 == pytest.approx(l1, rel=1e-6) and s0 == pytest.approx(s1, rel=1e-6)
+    assert g0.keys() == g1.keys() and len(g0) > 10
+    for n in g0:
+        torch.testing.assert_close(g0[n], g1[n], rtol=1e-5, atol=1e-7)
+
+
 def test_draft_vocab_maps_back_to_target_ids(tiny):
     d = make(tiny, draft_vocab=64)
     counts = torch.zeros(TINY_VOCAB, dtype=torch.long)
