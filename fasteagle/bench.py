@@ -390,8 +390,11 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
     return doc
 
 
-def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64),
-              max_new: int = 64, seed: int = 0) -> dict:
+AUTO_BUDGETS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+GPU_AUTO_BUDGETS = AUTO_BUDGETS + (96, 128, 192)  # a launch-bound GPU verifies a few hundred nodes at ~one step's cost
+
+
+def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_new: int = 64, seed: int = 0) -> dict:
     """Pick the tree budget B that maximises expected tokens/s on this device, and set it:
 
         tokens/s(B) = tokens per step(B) / (draft ms(B) + verify ms(B))
@@ -406,8 +409,11 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=(2, 3, 4, 5,
 
     A drafter joined with prompt lookup (`fasteagle.hybrid.WithLookup`) is tuned the same way: B is
     the budget of its own tree, lookup's nodes are in every budget's tree (lookup ignores B), and the
-    verify cost is that of the joined tree's size, interpolated between timed sizes.
+    verify cost is that of the joined tree's size, interpolated between timed sizes. The budgets
+    tried go to 64 nodes on a CPU, where a tree's forward grows with its size, and to 192 on a GPU.
     """
+    if budgets is None:
+        budgets = GPU_AUTO_BUDGETS if target.device.type == "cuda" else AUTO_BUDGETS
     budgets = sorted(set(budgets))
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     drafter.tree_budget = budgets[-1]

@@ -7,7 +7,7 @@
 # device calls of one loan).
 #
 # Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
-#        [BATCH_TOKENS=32768] [FULL_VOCAB=1] bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
+#        [BATCH_TOKENS=32768] [FULL_VOCAB=1] [TREE=auto] [BF16=1] bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
 # A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
 # distil again). SAMPLED=1 also has the target write a second reply to every prompt, sampled at temperature
@@ -15,7 +15,10 @@
 # TRAIN=0 skips training and benches the shipped drafter. DRAFT_VOCAB grows the drafter's draft vocab (49152:
 # SmolLM2's whole vocabulary; the shipped 6144 tokens leave ~10% of reply tokens undraftable); a bigger head
 # needs more memory in training (BATCH_TOKENS=16384 halves it). FULL_VOCAB (set: on) benches with --full-vocab (a
-# drafter trained on fewer tokens drafts over all of them).
+# drafter trained on fewer tokens drafts over all of them). TREE=auto (default) gives each drafter its best
+# tree budget on this GPU (up to 192 nodes), TREE=fixed the ~60 nodes of issue 4. BF16=1 also benches a bf16
+# target (the speed a deployment sees; bf16 rounds a 60-node forward differently from a one-token step, so a
+# few outputs may differ from vanilla where the target's top two logits nearly tie).
 set -u
 B=${1:-585}
 OUT=${2:-runs/gpu-session}
@@ -68,8 +71,14 @@ echo "[t=$(el)] bench with $DR"
 timeout $(( B - $(el) - 40 )) python -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
   --methods vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle-eager,fasteagle+lookup \
   --max-new-tokens 128 --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json" \
-  ${FULL_VOCAB:+--full-vocab}
+  --tree "${TREE:-auto}" ${FULL_VOCAB:+--full-vocab}
 echo "[t=$(el)] bench done"
+if [ "${BF16:-0}" = 1 ]; then
+  timeout $(( B - $(el) - 40 )) python -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
+    --methods vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup --max-new-tokens 128 --device cuda --dtype bf16 \
+    --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10-bf16.json" --tree "${TREE:-auto}" ${FULL_VOCAB:+--full-vocab}
+  echo "[t=$(el)] bf16 bench done"
+fi
 
 # 5. where the step's time goes: per phase ms and dispatched ops
 timeout $(( B - $(el) - 5 )) python -m fasteagle bench --profile-step --prompts assets/prompts/sharegpt_holdout.jsonl \
