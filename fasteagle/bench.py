@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from fasteagle import packing
 from fasteagle.errors import FastEagleError
-from fasteagle.generate import chat_prompt_ids, generate
+from fasteagle.generate import chat_prompt_ids, generate, synchronize
 from fasteagle.hybrid import LOOKUP_SOURCE
 from fasteagle.kvcache import KVCache
 from fasteagle.target import Target, default_device, parse_dtype
@@ -48,11 +48,6 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: int, sampling: SamplingParams,
              seed: int) -> dict:
     """Decode one prompt with one method and measure it."""
@@ -61,10 +56,10 @@ def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: i
         torch.cuda.reset_peak_memory_stats(dev)
     if method in HF_METHODS:
         return _time_hf(target, ids, max_new, sampling, seed, lookup=method == "hf-prompt-lookup")
-    _sync(dev)
+    synchronize(dev)
     t0 = time.perf_counter()
     traces = list(generate(target, ids, drafter=drafter, max_new_tokens=max_new, sampling=sampling, seed=seed))
-    _sync(dev)
+    synchronize(dev)
     wall = time.perf_counter() - t0
     steps = traces[1:]
     reached, accepted = _depth_acceptance(steps)
@@ -89,11 +84,11 @@ def _time_hf(target: Target, ids: torch.Tensor, max_new: int, sampling: Sampling
     if lookup:
         kwargs["prompt_lookup_num_tokens"] = 10
     torch.manual_seed(seed)
-    _sync(dev)
+    synchronize(dev)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(x, **kwargs)
-    _sync(dev)
+    synchronize(dev)
     wall = time.perf_counter() - t0
     return {"tokens": out[0, x.shape[1]:].tolist(), "wall_s": wall, "forwards": None, "draft_ms": None,
             "verify_ms": None, "accepted_lengths": [], "depth_reached": [], "depth_accepted": [],
@@ -368,10 +363,10 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
     for r in range(reps + 2):  # sizes and targets interleaved within each rep: drift hits all alike
         for T in sizes:
             for name, t in targets.items():
-                _sync(dev)
+                synchronize(dev)
                 t0 = time.perf_counter()
                 tree_forward(t.model, caches[name], trees[T])
-                _sync(dev)
+                synchronize(dev)
                 if r >= 2:
                     times[name][T].append((time.perf_counter() - t0) * 1e3)
                 caches[name].truncate(prefix)
@@ -605,11 +600,11 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
             d.extend(ids[:prefix], feats[:prefix], int(ids[prefix]))
             times = []
             for r in range(reps + 1):
-                _sync(dev)
+                synchronize(dev)
                 t0 = time.perf_counter()
                 d.extend(ids[prefix:prefix + accepted], feats[prefix:], int(ids[prefix + accepted]))
                 d.draft(int(ids[prefix + accepted]))
-                _sync(dev)
+                synchronize(dev)
                 if r:  # the first is warmup
                     times.append((time.perf_counter() - t0) * 1e3)
                 d.rewind(prefix)

@@ -91,7 +91,8 @@ def chat_prompt_ids(target: Target, prompt: str, system: str | None = None) -> t
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a clock read after it times the work (no-op on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -159,13 +160,13 @@ def _prefill(model, cache, ids, drafter, capacity, sampling, generator, stop_ids
     logits, feats = tree_forward(model, cache, path_tree(ids), feature_layers)
     cache.keep(torch.arange(ids.numel(), device=dev))
     root = _sample(logits[-1:], sampling, generator)
-    _synchronize(dev)
+    synchronize(dev)
     verify_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
     if drafter:
         drafter.reset(capacity)
         drafter.extend(ids, feats, root)
-    _synchronize(dev)
+    synchronize(dev)
     draft_ms = (time.perf_counter() - t0) * 1e3
     finished = _finish_reason([root], stop_ids, 1, max_new_tokens)
     trace = StepTrace(step=0, tokens=[root], token_depths=[0], text=decoded.add([root]), draft_ms=draft_ms,
@@ -180,12 +181,12 @@ def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, 
     t0 = time.perf_counter()
     tree = drafter.draft(root) if drafter else root_only(root, dev)
     tree = _fit(tree, capacity - cache.length)
-    _synchronize(dev)
+    synchronize(dev)
     t1 = time.perf_counter()
     logits, feats = tree_forward(model, cache, tree, feature_layers)
     verdict: Verdict = verify(logits, tree, sampling, generator)
     cache.keep(verdict.path)
-    _synchronize(dev)
+    synchronize(dev)
     t2 = time.perf_counter()
     path_tokens = tree.tokens[verdict.path]
     new = path_tokens[1:].tolist() + [verdict.bonus]
@@ -193,7 +194,7 @@ def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, 
     new, depths, finished = _clip(new, depths, stop_ids, generated, max_new_tokens)
     if drafter and not finished:
         drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
-    _synchronize(dev)
+    synchronize(dev)
     t3 = time.perf_counter()
     return StepTrace(
         step=step, tokens=new, token_depths=depths, text=decoded.add(new),

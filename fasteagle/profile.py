@@ -21,7 +21,7 @@ from contextlib import nullcontext
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fasteagle.generate import _synchronize, generate
+from fasteagle.generate import generate, synchronize
 
 PHASES = ("target", "draft", "extend", "rest")
 _NO_KERNEL = {"detach", "detach_", "resolve_conj", "resolve_neg", "lift_fresh", "alias"}
@@ -38,7 +38,7 @@ class _Clock:
 
     def sync(self) -> None:
         if self.timed:
-            _synchronize(self.device)
+            synchronize(self.device)
 
     def enter(self, phase: str) -> None:
         self.sync()
