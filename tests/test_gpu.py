@@ -121,3 +121,32 @@ def test_training_on_the_device_writes_a_lossless_drafter(gpu, tmp_path):
     prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
     assert run(gpu, prompt, drafter=drafter, max_new_tokens=20, stop_ids=set())[0] == \
         run(gpu, prompt, max_new_tokens=20, stop_ids=set())[0]
+
+
+def test_a_whole_vocab_loss_recomputes_its_logits_on_the_device(gpu):
+    """A big head's loss recomputes each depth's logits in the backward, under the trainer's bf16
+    autocast too: the same loss and gradients as keeping the logits."""
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(gpu.model, gpu.name, num_layers=3, intermediate=64)
+    d = CascadedDrafter(cfg).attach(gpu.model).to(DEVICE).train()
+    ids = torch.randint(4, 320, (2, 16), device=DEVICE)
+    with torch.no_grad():
+        out = gpu.model(input_ids=ids, output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i] for i in cfg.feature_layers], -1)
+    t_ids = torch.randint(4, 320, (2, 16, 4), device=DEVICE)
+    t_p = torch.softmax(torch.randn(2, 16, 4, device=DEVICE), -1)
+    mask = torch.ones(2, 16, device=DEVICE)
+    cuda = torch.device(DEVICE).type == "cuda"
+    results = []
+    for lean in (False, True):
+        d.zero_grad()
+        d.LEAN_LOSS_ELEMENTS = 0 if lean else 1 << 40
+        with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=cuda):
+            loss, _ = d.loss(feats, ids, mask, t_ids, t_p)
+        loss.backward()
+        results.append((float(loss.detach()), {n: p.grad.clone() for n, p in d.named_parameters()
+                                               if p.grad is not None}))
+    (l0, g0), (l1, g1) = results
+    assert l0 == pytest.approx(l1, rel=1e-4) and g0.keys() == g1.keys()
+    for n in g0:
+        torch.testing.assert_close(g0[n], g1[n], rtol=1e-3, atol=1e-5)
