@@ -7,7 +7,8 @@
 # device calls of one loan).
 #
 # Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
-#        [BATCH_TOKENS=32768] [FULL_VOCAB=1] [TREE=auto] [BF16=1] bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
+#        [BATCH_TOKENS=32768] [FULL_VOCAB=1] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...]
+#        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
 # A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
 # distil again). SAMPLED=1 also has the target write a second reply to every prompt, sampled at temperature
@@ -18,8 +19,11 @@
 # drafter trained on fewer tokens drafts over all of them). TREE=auto (default) gives each drafter its best
 # tree budget on this GPU (up to 192 nodes), TREE=fixed the ~60 nodes of issue 4. BF16=1 also benches a bf16
 # target (the speed a deployment sees; bf16 rounds a 60-node forward differently from a one-token step, so a
-# few outputs may differ from vanilla where the target's top two logits nearly tie).
+# few outputs may differ from vanilla where the target's top two logits nearly tie). RESERVE: seconds kept
+# after training for the evaluations, the bench and the profile (more with TREE=auto); PROFILE=0 skips the
+# profile; METHODS replaces the chat bench's method list.
 set -u
+PY=${PYTHON:-python3}
 B=${1:-585}
 OUT=${2:-runs/gpu-session}
 T0=$(date +%s)
@@ -30,13 +34,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 # 1. one draft step of each drafter at the LLaMA-3-8B shape (random weights)
 if [ "${DRAFT_STEP:-1}" = 1 ]; then
-  timeout 75 python -m fasteagle bench --draft-step llama3-8b --depths 4,6,8 --device cuda --dtype bf16 \
+  timeout 75 $PY -m fasteagle bench --draft-step llama3-8b --depths 4,6,8 --device cuda --dtype bf16 \
     --out "$OUT/gpu-draft-step-llama3-8b.json"
   echo "[t=$(el)] draft step done"
 fi
 
 # 2. the target's replies (about 170 s for the 14689 train prompts on an H200)
-python -m fasteagle train --out runs/gpu-drafter --data data/train_prompts.pt --holdout-data data/holdout_prompts.pt \
+$PY -m fasteagle train --out runs/gpu-drafter --data data/train_prompts.pt --holdout-data data/holdout_prompts.pt \
   --distill --distill-only --distill-max-new 256 --distill-batch 768 --distill-minutes 3.0 --features online \
   --eval-sequences 60 --device cuda --dtype fp32
 echo "[t=$(el)] replies written"
@@ -44,7 +48,7 @@ echo "[t=$(el)] replies written"
 # 2b. a second, fully sampled reply to every prompt (more data, the same prompts)
 EXTRA=""
 if [ "${SAMPLED:-0}" = 1 ]; then
-  python -m fasteagle train --out runs/gpu-replies-s1 --data data/train_prompts.pt \
+  $PY -m fasteagle train --out runs/gpu-replies-s1 --data data/train_prompts.pt \
     --holdout-data data/holdout_prompts.pt --distill --distill-only --distill-sample-every 1 --seed 1 \
     --distill-max-new 256 --distill-batch 768 --distill-minutes 3.0 --features online --eval-sequences 60 \
     --device cuda --dtype fp32
@@ -53,10 +57,11 @@ if [ "${SAMPLED:-0}" = 1 ]; then
 fi
 for f in ${ADD_DATA:-}; do EXTRA="$EXTRA --add-data $f"; done
 
-# 3. training: what is left after ~170 s kept for the bench, the profile, loading and the two evaluations
-TRN=$(python -c "print(round(max(0.5, $B - $(el) - 210) / 60, 2))")
+# 3. training: what is left after RESERVE seconds kept for the bench, the profile, loading and the two evaluations
+R=${RESERVE:-210}
+TRN=$($PY -c "print(round(max(0.5, $B - $(el) - $R) / 60, 2))")
 [ "${TRAIN:-1}" = 1 ] && echo "[t=$(el)] train $TRN min" && \
-TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout $(( B - $(el) - 165 )) python -m fasteagle train --out runs/gpu-drafter \
+TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout $(( B - $(el) - R + 45 )) $PY -m fasteagle train --out runs/gpu-drafter \
   --config assets/drafters/smollm2-135m-fasteagle/train_stage10.json --data data/train_prompts.pt \
   --holdout-data data/holdout_prompts.pt --distill --distill-max-new 256 --distill-batch 768 --features online \
   --init-from assets/drafters/smollm2-135m-fasteagle --intermediate "${INTER:-1536}" --lr 4e-4 --warmup 30 \
@@ -68,20 +73,20 @@ echo "[t=$(el)] bench with $DR"
 
 # 4. 10 chat prompts, every method interleaved prompt by prompt, fp32 so the lossless check is exact;
 # fasteagle replays its draft step as a CUDA graph, fasteagle-eager runs it op by op
-timeout $(( B - $(el) - 40 )) python -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
-  --methods vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle-eager,fasteagle+lookup \
+timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
+  --methods "${METHODS:-vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle-eager,fasteagle+lookup}" \
   --max-new-tokens 128 --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json" \
   --tree "${TREE:-auto}" ${FULL_VOCAB:+--full-vocab}
 echo "[t=$(el)] bench done"
 if [ "${BF16:-0}" = 1 ]; then
-  timeout $(( B - $(el) - 40 )) python -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
+  timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
     --methods vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup --max-new-tokens 128 --device cuda --dtype bf16 \
     --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10-bf16.json" --tree "${TREE:-auto}" ${FULL_VOCAB:+--full-vocab}
   echo "[t=$(el)] bf16 bench done"
 fi
 
 # 5. where the step's time goes: per phase ms and dispatched ops
-timeout $(( B - $(el) - 5 )) python -m fasteagle bench --profile-step --prompts assets/prompts/sharegpt_holdout.jsonl \
-  --limit 3 --methods vanilla,fasteagle,fasteagle-eager,eagle3 --max-new-tokens 64 --device cuda --dtype fp32 \
+[ "${PROFILE:-1}" = 1 ] && timeout $(( B - $(el) - 5 )) $PY -m fasteagle bench --profile-step \
+  --prompts assets/prompts/sharegpt_holdout.jsonl --limit 3 --methods vanilla,fasteagle,fasteagle-eager,eagle3 --max-new-tokens 64 --device cuda --dtype fp32 \
   --drafter "$DR" --out "$OUT/gpu-smollm2-135m-profile.json" ${FULL_VOCAB:+--full-vocab}
 echo "[t=$(el)] all done"
