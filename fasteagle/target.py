@@ -55,7 +55,14 @@ class Target:
         return set(self._stop_ids)
 
 
-CPU_SDPA = "fasteagle_cpu_sdpa"
+SDPA = "fasteagle_sdpa"  # the attention implementation load_target gives a target asking for "sdpa"
+
+
+def sdpa(module: torch.nn.Module, query: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention without its copies of grouped KV heads under a tree mask: on a CPU
+    `cpu_sdpa`, elsewhere `grouped_sdpa` (decided per call, so a model moved after loading still gets
+    the right one)."""
+    return (cpu_sdpa if query.device.type == "cpu" else grouped_sdpa)(module, query, *args, **kwargs)
 
 
 def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -74,12 +81,45 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register_cpu_sdpa() -> None:
+_tiled_mask: tuple = (None, 0, None)  # (the mask last tiled, its group count, the tiled copy)
+
+
+def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention for GPUs, except for a tree forward (several queries under a mask)
+    on grouped KV heads: there each KV head's query heads are folded into the query length, so the
+    keys and values go in once instead of repeated per query head (`repeat_kv`). transformers repeats
+    them because CUDA's fused kernels take a mask only with as many key as query heads; folded, the
+    heads match, and a layer copies its queries (T rows) instead of its whole prefix's keys and values
+    twice: one kernel launch fewer per layer, which on a launch-bound GPU is the cost. Same numbers."""
+    groups = query.shape[1] // key.shape[1]
+    b, h, t, d = query.shape
+    mask = attention_mask
+    if groups == 1 or t == 1 or mask is None or mask.dim() != 4 or mask.shape[1] != 1:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    global _tiled_mask
+    last = _tiled_mask  # one read: another thread may replace it meanwhile
+    if last[0] is mask and last[1] == groups:
+        tiled = last[2]
+    else:  # every layer of a forward gets the same mask object: tile it once per forward
+        tiled = mask[:, :, :, : key.shape[-2]].repeat(1, 1, groups, 1)  # row r*T + t is row t
+        _tiled_mask = (mask, groups, tiled)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(b, h // groups, groups * t, d), key, value, attn_mask=tiled,
+        dropout_p=dropout if module.training else 0.0, scale=scaling)
+    return out.reshape(b, h, t, d).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(CPU_SDPA, cpu_sdpa)
-    AttentionMaskInterface.register(CPU_SDPA, sdpa_mask)  # the masks transformers builds itself, as for sdpa
+    AttentionInterface.register(SDPA, sdpa)
+    AttentionMaskInterface.register(SDPA, sdpa_mask)  # the masks transformers builds itself, as for sdpa
 
 
 def default_device() -> torch.device:
@@ -186,9 +226,9 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
             f"{display} is a {config.model_type!r} model; fasteagle supports Llama-family causal LMs "
             f"({', '.join(SUPPORTED_ARCHS)})"
         )
-    if attn_implementation == "sdpa" and dev.type == "cpu":
-        _register_cpu_sdpa()
-        attn_implementation = CPU_SDPA
+    if attn_implementation == "sdpa":
+        _register_attention()
+        attn_implementation = SDPA
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)

@@ -150,3 +150,29 @@ def test_a_whole_vocab_loss_recomputes_its_logits_on_the_device(gpu):
     assert l0 == pytest.approx(l1, rel=1e-4) and g0.keys() == g1.keys()
     for n in g0:
         torch.testing.assert_close(g0[n], g1[n], rtol=1e-3, atol=1e-5)
+
+
+def test_the_targets_attention_folds_grouped_heads_on_the_device(args):
+    """load_target's attention (`fasteagle.target.sdpa`; on a GPU the folded `grouped_sdpa`): the same
+    tree logits as stock SDPA on the device, and speculative decoding through it stays lossless."""
+    from fasteagle.kvcache import KVCache
+    from fasteagle.target import SDPA, _register_attention
+    from fasteagle.tree import make_tree, path_tree
+    from fasteagle.verify import tree_forward
+
+    _register_attention()
+    stock, ours = tiny_target(attn="sdpa"), tiny_target(attn=SDPA)
+    tree = make_tree(torch.arange(50, 62), torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3, 4, 6, 6, 9])).to(DEVICE)
+    logits = []
+    with torch.inference_mode():
+        for t in (stock, ours):
+            t.model.to(DEVICE)
+            cache = KVCache.for_model(t.model, 64)
+            tree_forward(t.model, cache, path_tree(torch.arange(10, 40, device=DEVICE)))
+            cache.keep(torch.arange(30, device=DEVICE))
+            logits.append(tree_forward(t.model, cache, tree)[0])
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
+    want, _ = run(ours, prompt, max_new_tokens=24, stop_ids=set())
+    got, _ = run(ours, prompt, drafter=make_drafter("fasteagle", ours, args), max_new_tokens=24, stop_ids=set())
+    assert got == want

@@ -87,7 +87,7 @@ def test_cpu_attention_passes_grouped_heads_and_gives_the_same_numbers(monkeypat
     tree mask); trees, a causal prefill and HF generate with padding give what stock SDPA gives."""
     from fasteagle import target as target_mod
     from fasteagle.kvcache import KVCache
-    from fasteagle.target import CPU_SDPA, _register_cpu_sdpa
+    from fasteagle.target import SDPA, _register_attention
     from fasteagle.tree import make_tree, path_tree
     from fasteagle.verify import tree_forward
     from tests.conftest import tiny_target
@@ -99,10 +99,9 @@ def test_cpu_attention_passes_grouped_heads_and_gives_the_same_numbers(monkeypat
         return original(module, query, key, *args, **kwargs)
 
     monkeypatch.setattr(target_mod, "cpu_sdpa", counted)
-    _register_cpu_sdpa()
-    monkeypatch.undo()
-    stock, ours = tiny_target(attn="sdpa").model, tiny_target(attn=CPU_SDPA).model
-    assert ours.config._attn_implementation == CPU_SDPA and stock.config.num_key_value_heads == 2
+    _register_attention()
+    stock, ours = tiny_target(attn="sdpa").model, tiny_target(attn=SDPA).model
+    assert ours.config._attn_implementation == SDPA and stock.config.num_key_value_heads == 2
     prefix = torch.arange(10, 40)
     tree = make_tree(torch.arange(50, 62), torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3, 4, 6, 6, 9]))
     with torch.inference_mode():
@@ -117,6 +116,46 @@ def test_cpu_attention_passes_grouped_heads_and_gives_the_same_numbers(monkeypat
         att = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
         outs = [m.generate(input_ids=ids, attention_mask=att, max_new_tokens=8, do_sample=False, pad_token_id=0)
                 for m in (stock, ours)]
-    _register_cpu_sdpa()  # the real function again, for whatever runs next
     assert torch.equal(outs[0], outs[1])
     assert calls and all(calls)
+
+
+def test_gpu_attention_folds_grouped_heads_under_a_tree_mask(monkeypatch):
+    """Off the CPU, `grouped_sdpa` folds each KV head's query heads into the query length for a tree
+    forward instead of repeating the keys and values: the same logits as stock SDPA for trees, a
+    causal prefill, one-token steps and HF generate with padding (run here on the CPU)."""
+    from fasteagle import target as target_mod
+    from fasteagle.kvcache import KVCache
+    from fasteagle.target import SDPA, _register_attention
+    from fasteagle.tree import make_tree, path_tree, root_only
+    from fasteagle.verify import tree_forward
+    from tests.conftest import tiny_target
+
+    folded, original = [], target_mod.grouped_sdpa
+
+    def counted(module, query, key, value, mask, *args, **kwargs):
+        folded.append(query.shape[2] > 1 and mask is not None)
+        return original(module, query, key, value, mask, *args, **kwargs)
+
+    monkeypatch.setattr(target_mod, "cpu_sdpa", counted)  # the CPU takes the GPU's path
+    _register_attention()
+    stock, ours = tiny_target(attn="sdpa").model, tiny_target(attn=SDPA).model
+    prefix = torch.arange(10, 40)
+    tree = make_tree(torch.arange(50, 62), torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3, 4, 6, 6, 9]))
+    with torch.inference_mode():
+        got = []
+        for model in (stock, ours):
+            cache = KVCache.for_model(model, 80)
+            first, _ = tree_forward(model, cache, path_tree(prefix))
+            cache.keep(torch.arange(prefix.numel()))
+            one, _ = tree_forward(model, cache, root_only(7))
+            cache.keep(torch.tensor([0]))
+            got.append((first, one, tree_forward(model, cache, tree)[0], tree_forward(model, cache, tree)[0]))
+        for a, b in zip(*got):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        ids = torch.tensor([[0, 0, 7, 8, 9], [5, 6, 7, 8, 9]])
+        att = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+        outs = [m.generate(input_ids=ids, attention_mask=att, max_new_tokens=8, do_sample=False, pad_token_id=0)
+                for m in (stock, ours)]
+    assert torch.equal(outs[0], outs[1])
+    assert any(folded) and not all(folded)  # trees folded; one-token steps went the stock way
