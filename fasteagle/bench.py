@@ -310,30 +310,72 @@ def markdown_table(doc: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def per_prompt(doc: dict) -> dict[str, list[dict]]:
+    """Each method's speedup over vanilla and tau on each prompt (what averages hide: which prompts a
+    drafter wins or loses on). Needs the vanilla rows; tau is None for Hugging Face's methods."""
+    rows = doc.get("rows") or {}
+    base = rows.get("vanilla")
+    if not base:
+        return {}
+    out = {}
+    for name, rs in rows.items():
+        if name == "vanilla":
+            continue
+        out[name] = [{"id": r["id"], "category": r["category"], "speedup": v["wall_s"] / r["wall_s"],
+                      "tau": statistics.fmean(r["accepted_lengths"]) if r.get("accepted_lengths") else None}
+                     for r, v in zip(rs, base)]
+    return out
+
+
 def charts(doc: dict, path: str | Path) -> None:
-    """Plotly HTML: speedup and tau per method, per-depth acceptance of the drafters, and (with
-    `--tree auto`) each drafter's expected speedup against the tree budget it was chosen from."""
+    """Plotly HTML: speedup and tau per method, per-depth acceptance of the drafters, (with
+    `--tree auto`) each drafter's expected speedup against the tree budget it was chosen from, and
+    below, every method's speedup prompt by prompt (tau in the hover)."""
+    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     names = list(doc["methods"])
     auto = doc.get("settings", {}).get("tree_auto") or {}
+    prompts = per_prompt(doc)
+    cols = 3 + bool(auto)
     titles = ["speedup vs vanilla", "tau (tokens / target forward)", "per-depth acceptance"]
-    fig = make_subplots(rows=1, cols=3 + bool(auto),
-                        subplot_titles=titles + ["--tree auto: expected speedup vs budget"] * bool(auto))
-    fig.add_bar(x=names, y=[doc["methods"][n].get("speedup_vs_vanilla") for n in names], row=1, col=1,
-                showlegend=False)
-    fig.add_bar(x=names, y=[doc["methods"][n].get("tau") for n in names], row=1, col=2, showlegend=False)
+    titles += ["--tree auto: expected speedup vs budget"] * bool(auto)
+    specs = [[{}] * cols] + ([[{"colspan": cols}] + [None] * (cols - 1)] if prompts else [])
+    fig = make_subplots(rows=1 + bool(prompts), cols=cols, specs=specs, vertical_spacing=0.18,
+                        subplot_titles=titles + ["speedup vs vanilla, prompt by prompt"] * bool(prompts))
+    palette = qualitative.Plotly
+    color = {n: palette[i % len(palette)] for i, n in enumerate(names)}  # one colour per method, every panel
+    shown = set()
+
+    def legend(n: str) -> dict:
+        first = n not in shown
+        shown.add(n)
+        return {"name": n, "legendgroup": n, "showlegend": first, "marker_color": color[n]}
+
+    for col, key in ((1, "speedup_vs_vanilla"), (2, "tau")):
+        fig.add_bar(x=names, y=[doc["methods"][n].get(key) for n in names], row=1, col=col, showlegend=False,
+                    marker_color=[color[n] for n in names])
     for n in names:
         acc = doc["methods"][n].get("depth_acceptance") or []
         if acc:
-            fig.add_scatter(x=list(range(1, len(acc) + 1)), y=acc, mode="lines+markers", name=n, row=1, col=3)
+            fig.add_scatter(x=list(range(1, len(acc) + 1)), y=acc, mode="lines+markers", row=1, col=3,
+                            line_color=color[n], **legend(n))
     for n, choice in auto.items():
         curve = choice.get("speedup_vs_decode_step") or {}
-        fig.add_scatter(x=[int(b) for b in curve], y=list(curve.values()), mode="lines+markers",
-                        name=f"{n} (picked {choice['budget']})", row=1, col=4)
+        fig.add_scatter(x=[int(b) for b in curve], y=list(curve.values()), mode="lines+markers", row=1, col=4,
+                        name=f"{n} (picked {choice['budget']})", line_color=color.get(n), line_dash="dot")
     if auto:
         fig.update_xaxes(type="log", title_text="tree nodes", row=1, col=4)
-    fig.update_layout(title=f"{doc['target']} on {doc['device']}", height=420, template="plotly_white")
+    for n, rs in prompts.items():
+        hover = f"{n}<br>%{{x}}: %{{y:.2f}}x" + ("<br>tau %{customdata:.2f}" if rs[0]["tau"] is not None else "")
+        fig.add_bar(x=[f"{r['category']}/{r['id']}" for r in rs], y=[r["speedup"] for r in rs],
+                    customdata=[r["tau"] for r in rs], row=2, col=1, hovertemplate=hover + "<extra></extra>",
+                    **legend(n))
+    if prompts:
+        fig.update_layout(barmode="group")
+        fig.add_hline(y=1.0, line_dash="dot", line_color="gray", row=2, col=1)
+    fig.update_layout(title=f"{doc['target']} on {doc['device']}", height=420 + 380 * bool(prompts),
+                      template="plotly_white")
     fig.write_html(str(path), include_plotlyjs="cdn")
 
 
@@ -616,6 +658,15 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
 
 
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def redraw(result_file: str | Path) -> None:
+    """The .md table (and, for a method comparison, the .html charts) of a result JSON, drawn again."""
+    path = Path(result_file)
+    doc = json.loads(path.read_text())
+    path.with_suffix(".md").write_text(markdown_table(doc))
+    if "methods" in doc and "rows" in doc:
+        charts(doc, path.with_suffix(".html"))
 
 
 def update_readme(result_files: list[str | Path], readme: str | Path = "README.md") -> None:

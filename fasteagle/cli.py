@@ -169,6 +169,11 @@ def cmd_bench(args) -> int:
         bench.update_readme(args.update_readme.split(","), args.readme)
         print(f"updated {args.readme} from {args.update_readme}")
         return 0
+    if args.redraw:
+        for f in args.redraw.split(","):
+            bench.redraw(f)
+            print(f"redrew {Path(f).with_suffix('.md')} (+ .html charts for a method comparison)")
+        return 0
     if args.draft_step:
         depths = tuple(int(x) for x in args.depths.split(","))
         return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
@@ -334,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--update-readme", dest="update_readme", default=None, metavar="FILES",
                    help="regenerate the README results section from these result JSON files (comma list)")
     b.add_argument("--readme", default="README.md")
+    b.add_argument("--redraw", default=None, metavar="FILES",
+                   help="write the .md table (and a method comparison's .html charts) of these result JSON files "
+                        "again, with this version's tables and charts; nothing is timed")
     _add_target_args(b)
     _add_method_args(b)
     b.set_defaults(func=cmd_bench)

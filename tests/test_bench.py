@@ -76,17 +76,35 @@ def test_markdown_charts_and_readme(doc, tmp_path):
     bench.charts(doc, tmp_path / "r.html")
     assert "plotly" in (tmp_path / "r.html").read_text().lower()
     assert "--tree auto" not in (tmp_path / "r.html").read_text()
+    assert "speedup vs vanilla, prompt by prompt" in (tmp_path / "r.html").read_text()
     auto = copy.deepcopy(doc)
     auto["settings"]["tree_auto"] = {"fasteagle": {"budget": 8, "speedup_vs_decode_step": {"4": 1.1, "8": 1.25}}}
     bench.charts(auto, tmp_path / "auto.html")
     assert "--tree auto: expected speedup vs budget" in (tmp_path / "auto.html").read_text()
     assert "fasteagle (picked 8)" in (tmp_path / "auto.html").read_text()
+    (tmp_path / "r.html").unlink()
+    (tmp_path / "r.md").write_text("stale")
+    bench.redraw(out)  # the table and the charts again, from the JSON alone
+    assert (tmp_path / "r.md").read_text() == table and (tmp_path / "r.html").exists()
     readme = tmp_path / "README.md"
     readme.write_text(f"top\n{bench.README_START}\nold\n{bench.README_END}\nbottom\n")
     bench.update_readme([out], readme)
     text = readme.read_text()
     assert "old" not in text and "| lookup |" in text and text.startswith("top") and text.endswith("bottom\n")
     assert "made by `python -m fasteagle bench --limit 1`" in text  # each table cites its command
+
+
+def test_per_prompt_speedups_pair_each_prompt_with_its_vanilla_run():
+    row = {"category": "chat", "accepted_lengths": [], "forwards": 3}
+    doc = {"rows": {"vanilla": [row | {"id": "a", "wall_s": 2.0}, row | {"id": "b", "wall_s": 1.0}],
+                    "fasteagle": [row | {"id": "a", "wall_s": 1.0, "accepted_lengths": [3, 1]},
+                                  row | {"id": "b", "wall_s": 2.0, "accepted_lengths": [1]}],
+                    "hf-generate": [row | {"id": "a", "wall_s": 4.0}, row | {"id": "b", "wall_s": 1.0}]}}
+    got = bench.per_prompt(doc)
+    assert set(got) == {"fasteagle", "hf-generate"}
+    assert [(r["id"], r["speedup"], r["tau"]) for r in got["fasteagle"]] == [("a", 2.0, 2.0), ("b", 0.5, 1.0)]
+    assert [r["tau"] for r in got["hf-generate"]] == [None, None]
+    assert bench.per_prompt({"rows": {"fasteagle": doc["rows"]["fasteagle"]}}) == {}  # no vanilla, no ratios
 
 
 def test_verify_cost_reports_every_size(tiny):
