@@ -62,7 +62,8 @@ class DraftStep:
         dev, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
         self.drafter, self.layers, self.k, self.graph = drafter, layers, k, graph
         self.rows = drafter.num_depths + 1  # the root plus one accepted node per depth
-        self.kv = StaticKV(layers, capacity + self.rows, cfg.num_kv_heads, cfg.head_dim, dtype, dev)
+        # a multiple of 8 columns, so the mask's rows are aligned for CUDA's attention (see `kvcache.attention_mask`)
+        self.kv = StaticKV(layers, -(-(capacity + self.rows) // 8) * 8, cfg.num_kv_heads, cfg.head_dim, dtype, dev)
         self.capacity = capacity  # what the buffers hold
         self.limit = capacity  # what this sequence may use (`reset` lowers it)
         self.cols = torch.arange(self.kv.capacity, device=dev)
@@ -95,7 +96,9 @@ class DraftStep:
         keys/values, and return (each layer's output at row `last`, the packed per-depth top-k)."""
         d = self.drafter
         self.kv.pos = pos
-        mask = (self.cols[None] <= pos[:, None])[None, None]  # row i sees every position up to its own
+        # additive, made once for all layers: row i sees every position up to its own
+        mask = torch.zeros(1, 1, pos.shape[0], self.kv.capacity, dtype=self.in_feats.dtype, device=pos.device)
+        mask.masked_fill_(self.cols[None] > pos[:, None], torch.finfo(mask.dtype).min)
         outs = d.hidden(feats, ids, pos[None], mask, self.kv, self.layers)
         rows = torch.cat([o[0].index_select(0, last) for o in outs])  # (layers, W)
         top_p, top_i = d.depth_probs(rows).topk(self.k, -1)

@@ -160,14 +160,21 @@ def attention_mask(ancestors: torch.Tensor, past: int, dtype: torch.dtype) -> to
     """Additive float mask (1, 1, T, past+T): every row sees the whole prefix and its own ancestors.
 
     A causal chain is the special case `ancestors = lower-triangular ones`. The mask must be float
-    (0 / dtype-min): a boolean 4D mask is silently added to the scores by eager attention.
+    (0 / dtype-min): a boolean 4D mask is silently added to the scores by eager attention. Its rows
+    start at multiples of 8 elements (a view into a slightly wider buffer): CUDA's memory-efficient
+    attention copies any mask whose strides are not, once per layer and forward.
     """
     t = ancestors.shape[0]
-    allowed = torch.ones(t, past + t, dtype=torch.bool, device=ancestors.device)
-    allowed[:, past:] = ancestors
-    mask = torch.zeros(t, past + t, dtype=dtype, device=ancestors.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    width = past + t
+    mask = aligned_empty(t, width, dtype, ancestors.device).fill_(torch.finfo(dtype).min)
+    mask[:, :past] = 0
+    mask[:, past:].masked_fill_(ancestors, 0)
     return mask[None, None]
+
+
+def aligned_empty(rows: int, cols: int, dtype: torch.dtype, device: torch.device | str, *lead: int) -> torch.Tensor:
+    """An uninitialised (*lead, rows, cols) tensor whose rows start every multiple of 8 elements."""
+    return torch.empty(*lead, rows, -(-cols // 8) * 8, dtype=dtype, device=device)[..., :cols]
 
 
 def causal_ancestors(t: int, device: torch.device | str = "cpu") -> torch.Tensor:

