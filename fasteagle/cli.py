@@ -37,9 +37,12 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft-int8", dest="draft_int8", action="store_const", const=False, default=None,
                    help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
                         "same either way, only the draft's speed and acceptance move)")
-    p.add_argument("--full-vocab", dest="full_vocab", action="store_true",
+    p.add_argument("--full-vocab", dest="full_vocab", action="store_const", const=True, default=None,
                    help="let fasteagle draft over the target's whole vocabulary, not only its trained draft vocab "
-                        "(the head is the target's own, so no weights are missing; it costs a bigger head product)")
+                        "(the head is the target's own, so no weights are missing; it costs a bigger head product). "
+                        "Default: on a GPU, where that product is one kernel either way")
+    p.add_argument("--no-full-vocab", dest="full_vocab", action="store_const", const=False,
+                   help="fasteagle drafts over its trained draft vocab only, on a GPU too")
     p.add_argument("--tree-k", default=None,
                    help="top-k per depth: one int or a comma list (fasteagle); default: each drafter's own "
                         "(FastEagle 32, EAGLE-3-style 10, as EAGLE-2)")
@@ -88,10 +91,18 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         d.tree_budget = args.tree_budget
         if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
             d.tree_shape = args.tree_shape
-        if method == "fasteagle" and getattr(args, "full_vocab", False):
+        if method == "fasteagle" and full_vocab_wanted(args, target.device):
             d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def full_vocab_wanted(args, device) -> bool:
+    """--full-vocab / --no-full-vocab, else on a GPU only: there the bigger head costs next to nothing
+    and the drafter can draft the ~10% of reply tokens its trained vocab lacks; on a CPU it costs
+    3 ms a step (README, "The draft vocabulary")."""
+    wanted = getattr(args, "full_vocab", None)
+    return device.type == "cuda" if wanted is None else bool(wanted)
 
 
 def cmd_generate(args) -> int:
@@ -199,8 +210,9 @@ def cmd_bench(args) -> int:
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "tree_k": args.tree_k or {m: d.tree_k for m, d in methods.items() if hasattr(d, "tree_k")},
-                "tree_budget": args.tree_budget, "tree_shape": args.tree_shape, "full_vocab": args.full_vocab,
-                "dtype": str(target.dtype), "packed_linears": target.packed,
+                "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
+                "full_vocab": full_vocab_wanted(args, target.device), "dtype": str(target.dtype),
+                "packed_linears": target.packed,
                 "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
                 "drafters": _drafter_summaries(methods)}
     if args.profile_step:

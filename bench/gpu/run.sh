@@ -7,7 +7,7 @@
 # device calls of one loan).
 #
 # Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
-#        [BATCH_TOKENS=32768] [FULL_VOCAB=1] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...]
+#        [BATCH_TOKENS=32768] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...]
 #        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
 # A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
@@ -15,8 +15,8 @@
 # 0.7 (runs/gpu-replies-s1, ~170 s), and trains on both; ADD_DATA names more saved token datasets to train on.
 # TRAIN=0 skips training and benches the shipped drafter. DRAFT_VOCAB grows the drafter's draft vocab (49152:
 # SmolLM2's whole vocabulary; the shipped 6144 tokens leave ~10% of reply tokens undraftable); a bigger head
-# needs more memory in training (BATCH_TOKENS=16384 halves it). FULL_VOCAB (set: on) benches with --full-vocab (a
-# drafter trained on fewer tokens drafts over all of them). TREE=auto (default) gives each drafter its best
+# needs more memory in training (BATCH_TOKENS=16384 halves it). On a GPU every bench drafts over the whole
+# vocabulary (--full-vocab is the default there). TREE=auto (default) gives each drafter its best
 # tree budget on this GPU (up to 192 nodes), TREE=fixed the ~60 nodes of issue 4. BF16=1 also benches a bf16
 # target (the speed a deployment sees; bf16 rounds a 60-node forward differently from a one-token step, so a
 # few outputs may differ from vanilla where the target's top two logits nearly tie). RESERVE: seconds kept
@@ -76,17 +76,17 @@ echo "[t=$(el)] bench with $DR"
 timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
   --methods "${METHODS:-vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle-eager,fasteagle+lookup}" \
   --max-new-tokens 128 --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json" \
-  --tree "${TREE:-auto}" ${FULL_VOCAB:+--full-vocab}
+  --tree "${TREE:-auto}"
 echo "[t=$(el)] bench done"
 if [ "${BF16:-0}" = 1 ]; then
   timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
     --methods vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup --max-new-tokens 128 --device cuda --dtype bf16 \
-    --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10-bf16.json" --tree "${TREE:-auto}" ${FULL_VOCAB:+--full-vocab}
+    --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10-bf16.json" --tree "${TREE:-auto}"
   echo "[t=$(el)] bf16 bench done"
 fi
 
 # 5. where the step's time goes: per phase ms and dispatched ops
 [ "${PROFILE:-1}" = 1 ] && timeout $(( B - $(el) - 5 )) $PY -m fasteagle bench --profile-step \
   --prompts assets/prompts/sharegpt_holdout.jsonl --limit 3 --methods vanilla,fasteagle,fasteagle-eager,eagle3 --max-new-tokens 64 --device cuda --dtype fp32 \
-  --drafter "$DR" --out "$OUT/gpu-smollm2-135m-profile.json" ${FULL_VOCAB:+--full-vocab}
+  --drafter "$DR" --out "$OUT/gpu-smollm2-135m-profile.json"
 echo "[t=$(el)] all done"
