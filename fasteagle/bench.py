@@ -265,6 +265,8 @@ def markdown_table(doc: dict) -> str:
     verify-cost sweep or a draft-step timing."""
     if "relative" in doc:
         return _verify_cost_table(doc)
+    if "budget_curve" in doc:
+        return _budget_curve_table(doc)
     if doc.get("profile"):
         from fasteagle.profile import markdown
 
@@ -483,6 +485,48 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_ne
             "draft_ms": {str(b): round(v, 2) for b, v in draft_ms.items()},
             "verify_ms": {str(b): round(v, 2) for b, v in verify_ms.items()}, "decode_step_ms": timed["1"],
             "replayed_steps": len(replayed), "context": context}
+
+
+def budget_curve(target: Target, drafter, prompts: list[dict], budgets, max_new: int = 128, seed: int = 0) -> dict:
+    """Tokens per target forward (tau, bonus included) against the tree budget, per prompt category:
+    one greedy decode of each prompt at the largest budget, every smaller budget replayed from it
+    (`replay_budget`, exact for greedy), so the curve costs one decode and has no timing in it.
+    It says what a bigger tree buys where verifying it costs little more than a small one (a GPU).
+    `decoded` is the tau the decode itself measured (its last step cut at `max_new`, as in `compare`):
+    the replay counts that step whole, and a decode at a smaller budget would visit other positions,
+    so read the curve to a few hundredths."""
+    budgets = sorted(set(budgets))
+    drafter.tree_budget = budgets[-1]
+    steps: dict[str, list] = {}
+    emitted: dict[str, list] = {}  # tokens each step of the decode emitted (the last one cut at max_new)
+    for p in tqdm(prompts, desc="budget curve", unit="prompt"):
+        traces = list(generate(target, chat_prompt_ids(target, p["text"]), drafter=drafter, max_new_tokens=max_new,
+                               seed=seed))
+        steps.setdefault(p["category"], []).extend(list(_with_lookup_nodes(traces, drafter))[1:])
+        emitted.setdefault(p["category"], []).extend(len(t.tokens) for t in traces[1:])
+    if len(steps) > 1:
+        steps["all"] = [s for rec in list(steps.values()) for s in rec]
+        emitted["all"] = [n for rec in list(emitted.values()) for n in rec]
+    tau = {c: {str(b): round(statistics.fmean(replay_budget(tree, path, b, lookup) + 1 for tree, path, lookup in rec),
+                             3) for b in budgets} for c, rec in steps.items()}
+    return {"budget_curve": tau, "decoded": {c: round(statistics.fmean(n), 3) for c, n in emitted.items()},
+            "steps": {c: len(rec) for c, rec in steps.items()}, "max_new_tokens": max_new}
+
+
+def _budget_curve_table(doc: dict) -> str:
+    curve = doc["budget_curve"]
+    budgets = list(next(iter(curve.values())))
+    head = (f"**{doc['device']}**, target `{doc['target']}`, drafter `{doc['drafter']}`"
+            + (" drafting over the whole vocabulary" if doc.get("full_vocab") else "")
+            + f", {doc['prompts_desc']} {doc['max_new_tokens']} new tokens, greedy: tokens per target forward (tau, "
+            "bonus included) against the tree budget (nodes, root included), replayed from one decode at the "
+            "largest (the last column: what that decode measured)\n\n")
+    decoded = doc.get("decoded") or {}
+    lines = ["| prompts | " + " | ".join(budgets) + f" | decoded at {budgets[-1]} |",
+             "|---|" + "---|" * (len(budgets) + 1)]
+    lines += [f"| {c} ({doc['steps'][c]} steps) | " + " | ".join(f"{v:.2f}" for v in row.values())
+              + (f" | {decoded[c]:.2f} |" if c in decoded else " | – |") for c, row in curve.items()]
+    return head + "\n".join(lines) + "\n"
 
 
 def _with_lookup_nodes(steps, drafter):

@@ -231,6 +231,18 @@ def cmd_bench(args) -> int:
                "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "settings": settings,
                "methods": profile_steps(target, methods, ids, args.max_new_tokens, sampling)}
         return _report(doc, args.out)
+    if args.budget_curve:
+        budgets = [int(x) for x in args.budget_curve.split(",")]
+        drafted = [m for m, d in methods.items() if hasattr(d, "tree_budget")]
+        if len(drafted) != 1:
+            raise FastEagleError("--budget-curve replays one trained drafter: give --methods one of fasteagle, "
+                                 "eagle3, ... (vanilla aside)")
+        d = methods[drafted[0]]
+        doc = bench.budget_curve(target, d, prompts, budgets, args.max_new_tokens, args.seed) | {
+            "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
+            "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "full_vocab": settings["full_vocab"],
+            "prompts_desc": settings["prompts_desc"], "prompts": files}
+        return _report(doc, args.out)
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}
         for m, d in methods.items():
@@ -348,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profile-step", dest="profile_step", action="store_true",
                    help="with --prompts/--methods: where each decode step's time goes (ms and dispatched ops for "
                         "the target forward, tree building, drafter extend and the rest)")
+    b.add_argument("--budget-curve", dest="budget_curve", default=None, metavar="BUDGETS",
+                   help="with --prompts and one trained drafter: tau (greedy) against these tree budgets, e.g. "
+                        "6,24,60,128,192, per prompt category, replayed from one decode at the largest; no timing")
     b.add_argument("--update-readme", dest="update_readme", default=None, metavar="FILES",
                    help="regenerate the README results section from these result JSON files (comma list)")
     b.add_argument("--readme", default="README.md")

@@ -12,6 +12,7 @@ import torch
 from fasteagle import bench, packing
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
+from fasteagle.generate import chat_prompt_ids, generate
 from fasteagle.lookup import LookupDrafter
 from fasteagle.target import Target
 from fasteagle.verify import SamplingParams
@@ -296,3 +297,48 @@ def test_results_name_the_drafters_they_measured(tiny, tmp_path):
     doc = bench.result_document(tiny, rows, {"max_new_tokens": 6, "temperature": 0.0, "drafters": drafters})
     head = bench.markdown_table(doc).splitlines()[0]
     assert f"fasteagle drafter `{tmp_path / 'fe'}` (30 steps, 4.0 min)" in head and "eagle3 drafter" in head
+
+
+class OracleDrafter:
+    """A test double that drafts the target's own greedy continuation (known beforehand) as every
+    depth's top candidate, with one wrong sibling per depth: acceptance then depends on the budget only."""
+
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, replies: dict[int, list[int]], depths: int = 3):
+        self.replies, self.depths, self.tree_budget = replies, depths, 16
+        self.want, self.generated = [], 0
+
+    def reset(self, capacity: int) -> None:
+        self.generated = 0
+
+    def extend(self, tokens, features, next_token: int) -> None:
+        if self.generated == 0:  # the prompt: its length tells which reply follows
+            self.want, self.generated = self.replies[tokens.numel()], 1
+        else:
+            self.generated += tokens.numel()  # the root and the accepted tokens; the bonus is the next root
+
+    def draft(self, root: int):
+        from fasteagle.tree import product
+
+        true = [self.want[min(self.generated + d, len(self.want) - 1)] for d in range(self.depths)]
+        ids = torch.tensor([[t, (t + 1) % 300 + 4] for t in true])
+        probs = torch.tensor([[0.6, 0.3]] * self.depths)
+        return product(root, ids, probs, 2, self.tree_budget)
+
+
+def test_budget_curve_replays_every_budget_from_one_decode(tiny):
+    encoded = [chat_prompt_ids(tiny, p["text"]) for p in PROMPTS]
+    assert len({ids.numel() for ids in encoded}) == len(encoded)
+    replies = {ids.numel(): [t for tr in generate(tiny, ids, max_new_tokens=40) for t in tr.tokens] for ids in encoded}
+    doc = bench.budget_curve(tiny, OracleDrafter(replies), PROMPTS, (16, 4, 1), max_new=12)
+    curve = doc["budget_curve"]
+    assert set(curve) == {"chat", "code", "all"} and list(curve["all"]) == ["1", "4", "16"]
+    # 1 node: the root alone, the bonus only; 4: the best 3 nodes by path probability are depth 1 (0.6),
+    # depth 2 (0.36) and depth 1's sibling (0.3), so 2 drafts + the bonus; 16: all 3 depths + the bonus
+    assert all(row == {"1": 1.0, "4": 3.0, "16": 4.0} for row in curve.values())
+    assert doc["decoded"]["all"] <= 4.0  # the decode's own tau: its last step cut at 12 tokens
+    assert doc["steps"]["all"] == doc["steps"]["chat"] + doc["steps"]["code"]
+    about = {"device": "cpu", "target": "tiny", "drafter": "d", "prompts_desc": "2 prompts,"}
+    table = bench.markdown_table(doc | about)
+    assert "| all (" in table and "| 1 | 4 | 16 | decoded at 16 |" in table
