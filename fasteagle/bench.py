@@ -459,8 +459,7 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_ne
     time_one(target, encoded[0], "draft", drafter, 8, SamplingParams(), seed)  # warmup
     replayed = []  # (tree, path, the nodes lookup proposed) per step, the prefill left out
     for ids in tqdm(encoded, desc="auto tree: replay decode"):
-        decode = generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed)
-        replayed += list(_with_lookup_nodes(decode, drafter))[1:]
+        replayed += [step[:3] for step in _recorded_steps(target, drafter, ids, max_new, seed)]
     outcomes = {b: [replay_budget(tree, path, b, lookup, sizes=True) for tree, path, lookup in replayed]
                 for b in budgets}
     per_step = {b: statistics.fmean(n + 1 for n, _ in outcomes[b]) for b in budgets}
@@ -500,10 +499,9 @@ def budget_curve(target: Target, drafter, prompts: list[dict], budgets, max_new:
     steps: dict[str, list] = {}
     emitted: dict[str, list] = {}  # tokens each step of the decode emitted (the last one cut at max_new)
     for p in tqdm(prompts, desc="budget curve", unit="prompt"):
-        traces = list(generate(target, chat_prompt_ids(target, p["text"]), drafter=drafter, max_new_tokens=max_new,
-                               seed=seed))
-        steps.setdefault(p["category"], []).extend(list(_with_lookup_nodes(traces, drafter))[1:])
-        emitted.setdefault(p["category"], []).extend(len(t.tokens) for t in traces[1:])
+        recorded = _recorded_steps(target, drafter, chat_prompt_ids(target, p["text"]), max_new, seed)
+        steps.setdefault(p["category"], []).extend(step[:3] for step in recorded)
+        emitted.setdefault(p["category"], []).extend(step[3] for step in recorded)
     if len(steps) > 1:
         steps["all"] = [s for rec in list(steps.values()) for s in rec]
         emitted["all"] = [n for rec in list(emitted.values()) for n in rec]
@@ -529,12 +527,18 @@ def _budget_curve_table(doc: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def _with_lookup_nodes(steps, drafter):
-    """(tree, path, nodes lookup proposed) per step of a decode; the last is empty unless the
-    drafter is joined with lookup, whose tree of the step is read as the step comes out."""
-    for s in steps:
-        last = getattr(drafter, "last_lookup", None) if s.tree else None
-        yield s.tree, s.path, lookup_nodes(s.tree, last.to_dict()) if last is not None else set()
+def _recorded_steps(target: Target, drafter, ids: torch.Tensor, max_new: int, seed: int) -> list[tuple]:
+    """One greedy decode for replay: (tree, path, nodes lookup proposed, tokens emitted) per decode step.
+    The lookup nodes are empty unless the drafter is joined with lookup, whose tree of a step is
+    read as that step comes out (the next step replaces it)."""
+    recorded = []
+    for s in generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed):
+        if not s.tree:  # the prefill
+            continue
+        last = getattr(drafter, "last_lookup", None)
+        recorded.append((s.tree, s.path, lookup_nodes(s.tree, last.to_dict()) if last is not None else set(),
+                         len(s.tokens)))
+    return recorded
 
 
 def lookup_nodes(tree: dict, lookup_tree: dict) -> set[int]:

@@ -48,5 +48,5 @@ class WithLookup:
         self.lookup.extend(tokens, None, next_token)
 
     def draft(self, root: int) -> DraftTree:
-        self.last_lookup = self.lookup.draft(root)  # kept for `bench.auto_tree`'s replay
+        self.last_lookup = self.lookup.draft(root)  # kept for the bench's replays (auto tree, budget curve)
         return merge(self.drafter.draft(root), self.last_lookup, LOOKUP_SOURCE)

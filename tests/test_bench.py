@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
 
 import pytest
 import torch
@@ -342,3 +343,18 @@ def test_budget_curve_replays_every_budget_from_one_decode(tiny):
     about = {"device": "cpu", "target": "tiny", "drafter": "d", "prompts_desc": "2 prompts,"}
     table = bench.markdown_table(doc | about)
     assert "| all (" in table and "| 1 | 4 | 16 | decoded at 16 |" in table
+
+
+def test_budget_curve_reads_lookups_proposals_step_by_step(tiny):
+    """A drafter joined with lookup: each step's lookup nodes are those lookup proposed that step, so the
+    replay at the decode's own budget gives back what the decode accepted, step for step."""
+    from fasteagle.hybrid import WithLookup
+
+    d = WithLookup(CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, intermediate=64))
+                   .attach(tiny.model).eval(), LookupDrafter())
+    doc = bench.budget_curve(tiny, d, PROMPTS, (2, 8), max_new=24)
+    traces = [t for p in PROMPTS for t in list(generate(tiny, chat_prompt_ids(tiny, p["text"]), drafter=d,
+                                                         max_new_tokens=24))[1:]]
+    decoded = statistics.fmean(len(t.path) for t in traces)
+    assert decoded > 1.5  # lookup's copies were accepted: the test can tell right lookup nodes from wrong ones
+    assert doc["budget_curve"]["all"]["8"] == round(decoded, 3)
