@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from fasteagle.kvcache import ContextOverflowError
+from fasteagle.kvcache import ContextOverflowError, aligned
 
 
 def graphs_wanted(device: torch.device) -> bool:
@@ -62,8 +62,8 @@ class DraftStep:
         dev, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
         self.drafter, self.layers, self.k, self.graph = drafter, layers, k, graph
         self.rows = drafter.num_depths + 1  # the root plus one accepted node per depth
-        # a multiple of 8 columns, so the mask's rows are aligned for CUDA's attention (see `kvcache.attention_mask`)
-        self.kv = StaticKV(layers, -(-(capacity + self.rows) // 8) * 8, cfg.num_kv_heads, cfg.head_dim, dtype, dev)
+        # aligned columns, so the mask's rows are aligned for CUDA's attention (see `kvcache.attention_mask`)
+        self.kv = StaticKV(layers, aligned(capacity + self.rows), cfg.num_kv_heads, cfg.head_dim, dtype, dev)
         self.capacity = capacity  # what the buffers hold
         self.limit = capacity  # what this sequence may use (`reset` lowers it)
         self.cols = torch.arange(self.kv.capacity, device=dev)

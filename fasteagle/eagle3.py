@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
-from fasteagle.kvcache import KVCache, aligned_empty, attention_mask, causal_ancestors
+from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.tree import DraftTree, dynamic
 
 
@@ -128,13 +128,10 @@ class AutoregressiveDrafter(CascadedDrafter):
         for d in range(2, self.draft_depths + 1):  # no pass for depths the tree budget cannot keep
             f = frontier.numel()
             rows = torch.cat([expanded, frontier])
-            dtype = self.fc.weight.dtype  # the prefix and the candidate's ancestors, rows aligned as the target's
-            mask = aligned_empty(f, prefix + rows.numel(), dtype, dev).fill_(torch.finfo(dtype).min)
-            mask[:, :prefix] = 0
-            mask[:, prefix:].masked_fill_(anc[frontier][:, rows], 0)
+            mask = attention_mask(anc[frontier][:, rows], prefix, self.fc.weight.dtype)  # prefix + ancestors
             pos = torch.full((1, f), prefix + d - 2, device=dev)
             self.cache.reserve(f)
-            h = self.step(g_in[frontier][None], tokens[frontier][None], pos, mask[None, None], self.cache)[0]
+            h = self.step(g_in[frontier][None], tokens[frontier][None], pos, mask, self.cache)[0]
             expanded = rows
             child_lp, child_i = F.log_softmax(self.head(h, d).float(), -1).topk(k, -1)  # (f, k)
             # strictly below the parent, so the final rerank keeps ancestors (ties cannot break it)

@@ -157,24 +157,32 @@ class KVCache(Cache):
 
 
 def attention_mask(ancestors: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive float mask (1, 1, T, past+T): every row sees the whole prefix and its own ancestors.
+    """Additive float mask (1, 1, T, past+S): each of T rows sees the whole prefix and, of the S rows
+    after it, those `ancestors` (T, S) marks (for a tree, S = T: its own ancestors).
 
     A causal chain is the special case `ancestors = lower-triangular ones`. The mask must be float
     (0 / dtype-min): a boolean 4D mask is silently added to the scores by eager attention. Its rows
     start at multiples of 8 elements (a view into a slightly wider buffer): CUDA's memory-efficient
     attention copies any mask whose strides are not, once per layer and forward.
     """
-    t = ancestors.shape[0]
-    width = past + t
-    mask = aligned_empty(t, width, dtype, ancestors.device).fill_(torch.finfo(dtype).min)
+    t, s = ancestors.shape
+    mask = aligned_empty(t, past + s, dtype, ancestors.device).fill_(torch.finfo(dtype).min)
     mask[:, :past] = 0
     mask[:, past:].masked_fill_(ancestors, 0)
     return mask[None, None]
 
 
+MASK_ALIGN = 8  # elements: the row stride CUDA's memory-efficient attention takes a mask with, uncopied
+
+
+def aligned(n: int) -> int:
+    """n rounded up to a multiple of MASK_ALIGN."""
+    return -(-n // MASK_ALIGN) * MASK_ALIGN
+
+
 def aligned_empty(rows: int, cols: int, dtype: torch.dtype, device: torch.device | str, *lead: int) -> torch.Tensor:
-    """An uninitialised (*lead, rows, cols) tensor whose rows start every multiple of 8 elements."""
-    return torch.empty(*lead, rows, -(-cols // 8) * 8, dtype=dtype, device=device)[..., :cols]
+    """An uninitialised (*lead, rows, cols) tensor whose rows start every MASK_ALIGN elements."""
+    return torch.empty(*lead, rows, aligned(cols), dtype=dtype, device=device)[..., :cols]
 
 
 def causal_ancestors(t: int, device: torch.device | str = "cpu") -> torch.Tensor:
