@@ -87,6 +87,7 @@ fi
 
 # 5. where the step's time goes: per phase ms and dispatched ops
 [ "${PROFILE:-1}" = 1 ] && timeout $(( B - $(el) - 5 )) $PY -m fasteagle bench --profile-step \
-  --prompts assets/prompts/sharegpt_holdout.jsonl --limit 3 --methods vanilla,fasteagle,fasteagle-eager,eagle3 --max-new-tokens 64 --device cuda --dtype fp32 \
+  --prompts assets/prompts/sharegpt_holdout.jsonl --limit 3 --methods vanilla,fasteagle,fasteagle-eager,eagle3 \
+  --max-new-tokens 64 --device cuda --dtype fp32 \
   --drafter "$DR" --out "$OUT/gpu-smollm2-135m-profile.json"
 echo "[t=$(el)] all done"
