@@ -136,13 +136,17 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
 # (bench/results/cpu-smollm2-135m-auto-tree-*.json: on that AVX-512 CPU trees of up to 6 nodes cost
 # about one decode step, 12 cost 1.2x, 64 cost 3.4x, so big trees lose to plain decoding; the stage-8
 # FastEagle drafter's expected speed-up is 1.38x at 3 nodes, 1.46x at 4, 1.49x at 5, 1.55x at 6, 1.44x at 8).
-# GPUs verify ~60 nodes for about the price of one.
 CPU_BUDGETS = {"fasteagle": 6, "eagle3": 5, "fasteagle+lookup": 5, "eagle3+lookup": 3}
+# On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
+# auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
+# the CPU-trained EAGLE-3-style drafter accepts so little that its curve is flat, so it keeps the paper's ~60.
+GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
 GPU_BUDGET = 60
+MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
 
 
 def default_budget(method_key: str, on_gpu: bool) -> int:
-    return GPU_BUDGET if on_gpu else CPU_BUDGETS.get(method_key, 8)
+    return GPU_BUDGETS.get(method_key, GPU_BUDGET) if on_gpu else CPU_BUDGETS.get(method_key, 8)
 
 
 def prompt_examples(limit_per_file: int = 3, max_chars: int = 400) -> list[str]:
@@ -449,7 +453,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
                     tree_k = gr.Textbox(value="10" if on_gpu else "4", label="Top-k per depth",
                                         info="one number, or one per depth: 8,4,2")
-                    budget = gr.Slider(2, 128, value=default_budget(engine.available[0].key, on_gpu), step=1,
+                    budget = gr.Slider(2, MAX_BUDGET, value=default_budget(engine.available[0].key, on_gpu), step=1,
                                        label="Node budget", elem_id="budget",
                                        info="tree nodes the drafter verifies per step, root included "
                                             "(lookup's branches come on top)")

@@ -244,7 +244,8 @@ def drafter_summary(drafter) -> dict:
             "steps": t.get("steps_all", t.get("steps")),
             "train_minutes": t.get("train_minutes_all", t.get("train_minutes")),
             "train_tokens": t.get("train_tokens"), "device": t.get("device"),
-            "holdout_tau_backbone": h.get("tau_backbone")}
+            "holdout_tau_backbone": h.get("tau_backbone"),
+            "draft_vocab": int(drafter.vocab_ids.numel()) if hasattr(drafter, "vocab_ids") else None}
 
 
 def result_document(target: Target, rows: dict, settings: dict) -> dict:
@@ -290,7 +291,8 @@ def markdown_table(doc: dict) -> str:
             + (f", fasteagle tree {s['tree_shape']}" if s.get("tree_shape") else "")
             + (", drafting over the whole vocabulary (--full-vocab)" if s.get("full_vocab") else "")
             + f", {doc['date']}"
-            + "".join(f"; {m} drafter `{d['path']}` ({d['steps']} steps, {d['train_minutes']} min)"
+            + "".join(f"; {m} drafter `{d['path']}` ({d['steps']} steps, {d['train_minutes']} min"
+                      + (f", drafting over {d['draft_vocab']} tokens" if d.get("draft_vocab") else "") + ")"
                       for m, d in (s.get("drafters") or {}).items()) + "\n\n")
     lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
              "identical |", "|---|---|---|---|---|---|---|---|"]

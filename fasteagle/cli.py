@@ -38,11 +38,12 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
                         "same either way, only the draft's speed and acceptance move)")
     p.add_argument("--full-vocab", dest="full_vocab", action="store_const", const=True, default=None,
-                   help="let fasteagle draft over the target's whole vocabulary, not only its trained draft vocab "
+                   help="let fasteagle draft over the target's whole vocabulary, not only its compact draft vocab "
                         "(the head is the target's own, so no weights are missing; it costs a bigger head product). "
-                        "Default: on a GPU, where that product is one kernel either way")
+                        "Default: on a GPU, where that product is one kernel either way; on a CPU the drafter "
+                        "drafts over its compact vocab (the shipped one: the 6144 most frequent reply tokens)")
     p.add_argument("--no-full-vocab", dest="full_vocab", action="store_const", const=False,
-                   help="fasteagle drafts over its trained draft vocab only, on a GPU too")
+                   help="fasteagle drafts over its compact draft vocab only, on a GPU too")
     p.add_argument("--tree-k", default=None,
                    help="top-k per depth: one int or a comma list (fasteagle); default: each drafter's own "
                         "(FastEagle 32, EAGLE-3-style 10, as EAGLE-2)")
@@ -93,14 +94,17 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
             d.tree_shape = args.tree_shape
         if method == "fasteagle" and full_vocab_wanted(args, target.device):
             d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
+        elif method == "fasteagle" and d.compact_vocab is not None:
+            d.shrink_vocab(d.compact_vocab)
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
 def full_vocab_wanted(args, device) -> bool:
     """--full-vocab / --no-full-vocab, else on a GPU only: there the bigger head costs next to nothing
-    and the drafter can draft the ~10% of reply tokens its trained vocab lacks; on a CPU it costs
-    3 ms a step (README, "The draft vocabulary")."""
+    and the drafter can draft the ~10% of reply tokens a 6144-token vocab lacks; on a CPU it costs
+    3 ms a step (README, "The draft vocabulary"), so there a drafter drafts over its compact vocab
+    (the one it was trained with, or the one it grew from) unless asked."""
     wanted = getattr(args, "full_vocab", None)
     return device.type == "cuda" if wanted is None else bool(wanted)
 

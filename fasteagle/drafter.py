@@ -30,6 +30,8 @@ from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.packing import PackedLinear, WeightCopy, copy_class, pack_linears
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree
 
+COMPACT_VOCAB_KEY = "compact_vocab_ids"  # the tensor in model.safetensors that holds `compact_vocab`
+
 
 @dataclass
 class DrafterConfig:
@@ -116,6 +118,9 @@ class CascadedDrafter(nn.Module):
         # draft index -> target token id; saved with the weights, set by `set_vocab`
         self.register_buffer("vocab_ids", torch.arange(cfg.draft_vocab or cfg.vocab_size))
         self._head_w: torch.Tensor | None = None  # the target LM head's rows for vocab_ids
+        # a smaller draft vocab (token ids) for devices where the head's size costs time (CPUs): the
+        # trained vocab a whole-vocabulary drafter grew from; saved with the weights, used by `shrink_vocab`
+        self.compact_vocab: torch.Tensor | None = None
         self._head_packed: WeightCopy | None = None  # the head's inference copy (CPU inference)
         self.packing: str | None = None  # "fp32" or "int8" once `pack_for_cpu` ran (a `packing.KINDS` key)
         self._fused: list[FusedLayer] | None = None  # inference forwards of self.layers, made at first use
@@ -226,8 +231,25 @@ class CascadedDrafter(nn.Module):
             counts = token_counts.float().to(self.vocab_ids.device).clone()
             counts[self.vocab_ids] = float("inf")  # the current tokens stay
             ids = counts.topk(n).indices.sort().values
+        if self.compact_vocab is None:
+            self.compact_vocab = self.vocab_ids.detach().clone()
         self.vocab_ids = ids
         self.cfg.draft_vocab = 0 if ids.numel() == full else ids.numel()
+        self._head_w = None
+        return self
+
+    @torch.no_grad()
+    def shrink_vocab(self, ids: torch.Tensor) -> CascadedDrafter:
+        """Draft over `ids`, part of the current draft vocab, only (default: `compact_vocab`).
+
+        Why: on a CPU the head's product over SmolLM2's 49152 tokens costs ~3 ms a step, more than
+        the rare tokens it adds are worth at the CPU's small trees; restricting the softmax to a
+        subset keeps every subset token's ranking, so no weights change."""
+        ids = torch.as_tensor(ids, dtype=torch.long).to(self.vocab_ids.device).unique()  # sorted
+        if not bool(torch.isin(ids, self.vocab_ids).all()):
+            raise FastEagleError("shrink_vocab: some tokens are not in the drafter's draft vocab")
+        self.vocab_ids = ids
+        self.cfg.draft_vocab = 0 if ids.numel() == self.cfg.vocab_size else ids.numel()
         self._head_w = None
         return self
 
@@ -478,6 +500,8 @@ class CascadedDrafter(nn.Module):
             old.unlink()
         state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
                  for k, v in self.state_dict().items()}
+        if self.compact_vocab is not None:
+            state[COMPACT_VOCAB_KEY] = self.compact_vocab.detach().to("cpu").contiguous()
         shards, cur, size = [], {}, 0
         for k, v in state.items():
             nbytes = v.numel() * v.element_size()
@@ -507,6 +531,7 @@ class CascadedDrafter(nn.Module):
             raise FastEagleError(f"{path} holds a {cfg.kind!r} drafter, not a {cls.KIND!r} one")
         drafter = cls(cfg)
         state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in load_file(f).items()}
+        drafter.compact_vocab = state.pop(COMPACT_VOCAB_KEY, None)
         drafter.load_state_dict(state)
         drafter.info, drafter.path = raw, str(path)
         if target_model is not None:

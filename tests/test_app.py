@@ -240,11 +240,13 @@ def test_an_unknown_tree_shape_is_a_clear_error(tiny, tmp_path):
 
 
 def test_node_budget_default_follows_the_method():
-    """On a CPU each method starts at the budget `bench --tree auto` picked for it; on a GPU at ~60."""
+    """Each method starts at the budget `bench --tree auto` picked for it on this kind of device."""
     assert app.default_budget("fasteagle", on_gpu=False) == app.CPU_BUDGETS["fasteagle"]
     assert app.default_budget("fasteagle+lookup", on_gpu=False) == app.CPU_BUDGETS["fasteagle+lookup"]
     assert all(2 <= b <= 16 for b in app.CPU_BUDGETS.values())
+    assert app.default_budget("fasteagle", on_gpu=True) == app.GPU_BUDGETS["fasteagle"] > app.CPU_BUDGETS["fasteagle"]
     assert app.default_budget("eagle3", on_gpu=True) == app.GPU_BUDGET == 60
+    assert all(2 <= b <= app.MAX_BUDGET for b in [*app.CPU_BUDGETS.values(), *app.GPU_BUDGETS.values()])
 
 
 # -- the real default model -------------------------------------------------------------------------

@@ -297,7 +297,9 @@ def test_results_name_the_drafters_they_measured(tiny, tmp_path):
     rows = bench.compare(tiny, methods, PROMPTS[:1], max_new=6)
     doc = bench.result_document(tiny, rows, {"max_new_tokens": 6, "temperature": 0.0, "drafters": drafters})
     head = bench.markdown_table(doc).splitlines()[0]
-    assert f"fasteagle drafter `{tmp_path / 'fe'}` (30 steps, 4.0 min)" in head and "eagle3 drafter" in head
+    vocab = methods["fasteagle"].vocab_ids.numel()
+    assert f"fasteagle drafter `{tmp_path / 'fe'}` (30 steps, 4.0 min, drafting over {vocab} tokens)" in head
+    assert "eagle3 drafter" in head
 
 
 class OracleDrafter:

@@ -213,6 +213,31 @@ def test_grow_vocab_adds_tokens_to_draft_and_saves_them(tiny, tmp_path):
     d.save(tmp_path)
     e = CascadedDrafter.load(tmp_path, tiny.model)
     assert e.cfg.draft_vocab == 0 and e.vocab_ids.numel() == TINY_VOCAB
+    assert torch.equal(e.compact_vocab, old)  # the first vocab it grew from stays, for CPUs
+
+
+def test_shrink_vocab_drafts_over_a_subset_with_the_same_ranking(tiny, tmp_path):
+    """A whole-vocabulary drafter restricted to its compact vocab gives each kept token the same
+    logit, so the softmax over the subset is the whole one renormalised; tokens outside are refused."""
+    d = make(tiny)
+    ids = torch.randint(4, TINY_VOCAB, (8,))
+    f = features(tiny, ids[None], d.cfg.feature_layers)[0]
+    d.reset(64)
+    d.extend(ids, f, 7)
+    last = d.last.clone()
+    whole = d.depth_probs(last)
+    keep = torch.randperm(TINY_VOCAB)[:40]
+    d.compact_vocab = keep
+    d.save(tmp_path)
+    e = CascadedDrafter.load(tmp_path, tiny.model)
+    assert e.vocab_ids.numel() == TINY_VOCAB and torch.equal(e.compact_vocab, keep)
+    e.shrink_vocab(e.compact_vocab)
+    assert e.cfg.draft_vocab == 40 and torch.equal(e.vocab_ids, keep.sort().values)
+    part = e.depth_probs(last)
+    sub = whole[:, e.vocab_ids]
+    torch.testing.assert_close(part, sub / sub.sum(-1, keepdim=True), atol=1e-6, rtol=1e-4)
+    with pytest.raises(FastEagleError, match="not in the drafter's draft vocab"):
+        make(tiny, draft_vocab=16).shrink_vocab(torch.arange(TINY_VOCAB))
 
 
 def test_grow_mlp_keeps_the_function_and_adds_trainable_channels(tiny, tmp_path):
@@ -302,6 +327,12 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
     off = SimpleNamespace(**vars(small), full_vocab=False)
     assert not full_vocab_wanted(off, torch.device("cuda"))
     assert make_drafter("fasteagle", tiny, off).vocab_ids.numel() == 64
+    grown = make(tiny, draft_vocab=64).grow_vocab(TINY_VOCAB)  # a whole-vocabulary drafter that grew from 64
+    grown.save(tmp_path / "grown")
+    g_args = SimpleNamespace(**(vars(args) | {"drafter": str(tmp_path / "grown")}))
+    assert make_drafter("fasteagle", tiny, g_args).vocab_ids.numel() == 64  # a CPU drafts over the compact vocab
+    on = SimpleNamespace(**vars(g_args), full_vocab=True)
+    assert make_drafter("fasteagle", tiny, on).vocab_ids.numel() == TINY_VOCAB
 
 
 @pytest.mark.parametrize("shape", ["product", "backbone"])

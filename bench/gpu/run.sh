@@ -2,8 +2,9 @@
 # One GPU session in a fixed time budget: (optionally) the LLaMA-3-8B-shape draft step, the target's replies
 # to every ShareGPT train prompt (self-distillation), layer-wise training of the shipped drafter on them with
 # the target as online teacher, and the chat benchmark with the result, then where a decode step's time goes
-# (--profile-step). The H200 results in bench/results/gpu-h200-* and the stage-9 and stage-10 drafters were
-# made this way (stage 10: `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`, its steps run as separate
+# (--profile-step). The H200 results in bench/results/gpu-h200-* and the stage-9 to stage-11 drafters were
+# made this way (stage 10: `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`; stage 11: `DRAFT_STEP=0
+# DRAFT_VOCAB=49152 bash bench/gpu/run.sh 560` on stage 10's carried replies; their steps ran as separate
 # device calls of one loan).
 #
 # Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
@@ -13,8 +14,8 @@
 # A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
 # distil again). SAMPLED=1 also has the target write a second reply to every prompt, sampled at temperature
 # 0.7 (runs/gpu-replies-s1, ~170 s), and trains on both; ADD_DATA names more saved token datasets to train on.
-# TRAIN=0 skips training and benches the shipped drafter. DRAFT_VOCAB grows the drafter's draft vocab (49152:
-# SmolLM2's whole vocabulary; the shipped 6144 tokens leave ~10% of reply tokens undraftable); a bigger head
+# TRAIN=0 skips training and benches the shipped drafter. DRAFT_VOCAB grows a drafter's draft vocab (49152:
+# SmolLM2's whole vocabulary, which the shipped drafter has drafted over since stage 11); a bigger head
 # needs more memory in training (BATCH_TOKENS=16384 halves it). On a GPU every bench drafts over the whole
 # vocabulary (--full-vocab is the default there). TREE=auto (default) gives each drafter its best
 # tree budget on this GPU (up to 192 nodes), TREE=fixed the ~60 nodes of issue 4. BF16=1 also benches a bf16
@@ -62,7 +63,7 @@ R=${RESERVE:-210}
 TRN=$($PY -c "print(round(max(0.5, $B - $(el) - $R) / 60, 2))")
 [ "${TRAIN:-1}" = 1 ] && echo "[t=$(el)] train $TRN min" && \
 TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout $(( B - $(el) - R + 45 )) $PY -m fasteagle train --out runs/gpu-drafter \
-  --config assets/drafters/smollm2-135m-fasteagle/train_stage10.json --data data/train_prompts.pt \
+  --config assets/drafters/smollm2-135m-fasteagle/train_stage11.json --data data/train_prompts.pt \
   --holdout-data data/holdout_prompts.pt --distill --distill-max-new 256 --distill-batch 768 --features online \
   --init-from assets/drafters/smollm2-135m-fasteagle --intermediate "${INTER:-1536}" --lr 4e-4 --warmup 30 \
   --batch-tokens "${BATCH_TOKENS:-32768}" --epochs 100 --minutes "$TRN" --device cuda --dtype fp32 $EXTRA \
