@@ -133,10 +133,10 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
 
 
 # Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
-# (bench/results/cpu-smollm2-135m-auto-tree-*.json: on that AVX-512 CPU trees of up to 6 nodes cost
-# about one decode step, 12 cost 1.2x, 64 cost 3.4x, so big trees lose to plain decoding; the stage-8
-# FastEagle drafter's expected speed-up is 1.38x at 3 nodes, 1.46x at 4, 1.49x at 5, 1.55x at 6, 1.44x at 8).
-CPU_BUDGETS = {"fasteagle": 6, "eagle3": 5, "fasteagle+lookup": 5, "eagle3+lookup": 3}
+# (bench/results/cpu-smollm2-135m-auto-tree-2026-11-26d.json: on that AVX-512 CPU trees of up to 12 nodes
+# cost about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-11 FastEagle
+# drafter's expected speed-up is 1.51x at 3 nodes, 1.63x at 4, 1.71x at 5, 1.79x at 6, 1.64x at 8).
+CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
 # On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
 # auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
 # the CPU-trained EAGLE-3-style drafter accepts so little that its curve is flat, so it keeps the paper's ~60.

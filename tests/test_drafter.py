@@ -181,6 +181,14 @@ def test_save_load_round_trip(tiny, tmp_path):
     assert e.info["note"] == "x"
 
 
+def last_hidden(tiny, d) -> torch.Tensor:
+    """The drafter's per-depth outputs after extending it over 8 random tokens (for head-only checks)."""
+    ids = torch.randint(4, TINY_VOCAB, (8,))
+    d.reset(64)
+    d.extend(ids, features(tiny, ids[None], d.cfg.feature_layers)[0], 7)
+    return d.last.clone()
+
+
 def test_grow_vocab_adds_tokens_to_draft_and_saves_them(tiny, tmp_path):
     """A drafter trained on a subset drafts over more of the vocabulary: the old tokens plus the most
     frequent others, or everything; its layers are untouched, only the head's rows grow."""
@@ -188,11 +196,7 @@ def test_grow_vocab_adds_tokens_to_draft_and_saves_them(tiny, tmp_path):
     counts = torch.arange(TINY_VOCAB, dtype=torch.float)  # token t seen t times: the last 64 kept
     d.set_vocab(counts)
     old = d.vocab_ids.clone()
-    ids = torch.randint(4, TINY_VOCAB, (8,))
-    f = features(tiny, ids[None], d.cfg.feature_layers)[0]
-    d.reset(64)
-    d.extend(ids, f, 7)
-    last = d.last.clone()
+    last = last_hidden(tiny, d)
     counts2 = torch.zeros(TINY_VOCAB)
     counts2[:40] = torch.arange(40, 0, -1.0)  # now tokens 0..39 are frequent, the first the most: 0..31 join
     d.grow_vocab(96, counts2)
@@ -220,11 +224,7 @@ def test_shrink_vocab_drafts_over_a_subset_with_the_same_ranking(tiny, tmp_path)
     """A whole-vocabulary drafter restricted to its compact vocab gives each kept token the same
     logit, so the softmax over the subset is the whole one renormalised; tokens outside are refused."""
     d = make(tiny)
-    ids = torch.randint(4, TINY_VOCAB, (8,))
-    f = features(tiny, ids[None], d.cfg.feature_layers)[0]
-    d.reset(64)
-    d.extend(ids, f, 7)
-    last = d.last.clone()
+    last = last_hidden(tiny, d)
     whole = d.depth_probs(last)
     keep = torch.randperm(TINY_VOCAB)[:40]
     d.compact_vocab = keep

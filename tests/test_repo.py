@@ -50,3 +50,15 @@ def test_shipped_drafters_have_a_current_model_card(name):
     holdout = json.loads((d / "eval.json").read_text())["holdout"]
     assert f"{holdout['tau_backbone']}" in card
     assert " | ".join(f"{x:.3f}" for x in holdout["depth_top1_given_spine"]) in card
+
+
+def test_shipped_fasteagle_drafter_keeps_a_compact_vocab_for_cpus():
+    """It drafts over the whole vocabulary, and a CPU drafts over its compact vocab by default (README,
+    "The draft vocabulary"), so the weights must carry both."""
+    from safetensors import safe_open
+
+    from fasteagle.drafter import COMPACT_VOCAB_KEY
+
+    with safe_open(ROOT / "assets/drafters/smollm2-135m-fasteagle/model.safetensors", "pt") as f:
+        assert f.get_slice("vocab_ids").get_shape() == [49152]
+        assert f.get_slice(COMPACT_VOCAB_KEY).get_shape() == [6144]
