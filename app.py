@@ -214,6 +214,7 @@ class Engine:
         self.target = target
         self.methods = method_specs(drafter_dir, eagle3_dir)
         self._drafters: dict[tuple, Any] = {}
+        self._default_k: dict[tuple, Any] = {}  # each drafter's own top-k, for requests that leave it empty
         tok = target.tokenizer
         self._label_cache: dict[int, str] = {}
         self.decode_text: Callable[[list[int]], str] = lambda ids: tok.decode(ids, skip_special_tokens=True)
@@ -267,12 +268,13 @@ class Engine:
             raise FastEagleError("temperature must be between 0 and 2")
         if not 2 <= budget <= 256:
             raise FastEagleError("the node budget must be between 2 and 256")
-        try:
-            ks = [int(x) for x in str(tree_k or "").replace(" ", "").split(",")]
+        k_text = str(tree_k or "").replace(" ", "")
+        try:  # empty: each drafter's own k (the one the benchmarks used)
+            ks = [int(x) for x in k_text.split(",")] if k_text else []
         except ValueError:
             raise FastEagleError(f"top-k per depth must be an integer or a comma list like 8,4,2 (got {tree_k!r})") \
                 from None
-        if not ks or any(not 1 <= k <= 64 for k in ks):
+        if any(not 1 <= k <= 64 for k in ks):
             raise FastEagleError("every top-k must be between 1 and 64")
         shape = tree_shape or DEFAULT_TREE_SHAPE
         if shape not in TREE_SHAPES:
@@ -293,9 +295,10 @@ class Engine:
             return LookupDrafter()
         key = (m.key, str(m.drafter_dir))
         if key not in self._drafters:
-            args = SimpleNamespace(tree_k=req.tree_k, tree_budget=req.tree_budget)
+            args = SimpleNamespace(tree_k=None, tree_budget=req.tree_budget)
             try:
                 self._drafters[key] = make_drafter(m.key, self.target, args, path=m.drafter_dir)
+                self._default_k[key] = getattr(self._drafters[key], "tree_k", None)
             except FastEagleError:
                 raise
             except Exception as exc:  # a corrupt or incompatible checkpoint: one line, not a traceback
@@ -303,9 +306,10 @@ class Engine:
                 raise FastEagleError(f"the {m.label} drafter at {m.drafter_dir} failed to load: "
                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         d = self._drafters[key]
-        ks = [int(x) for x in req.tree_k.split(",")]
+        ks = [int(x) for x in req.tree_k.split(",")] if req.tree_k else None
         if hasattr(d, "tree_k"):  # one k per depth for FastEagle; EAGLE-3's dynamic tree takes one k
-            d.tree_k = ks[0] if len(ks) == 1 or m.key.startswith("eagle3") else ks
+            d.tree_k = (self._default_k[key] if ks is None
+                        else ks[0] if len(ks) == 1 or m.key.startswith("eagle3") else ks)
         if hasattr(d, "tree_budget"):
             d.tree_budget = req.tree_budget
         if m.key.startswith("fasteagle"):
@@ -451,8 +455,10 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 max_new = gr.Slider(1, MAX_NEW_TOKENS, value=64 if not on_gpu else 128, step=1,
                                     label="Max new tokens", elem_id="max-new")
                 with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
-                    tree_k = gr.Textbox(value="10" if on_gpu else "4", label="Top-k per depth",
-                                        info="one number, or one per depth: 8,4,2")
+                    tree_k = gr.Textbox(value="", label="Top-k per depth",
+                                        placeholder="each drafter's own: FastEagle 32, EAGLE-3 10",
+                                        info="one number, or one per depth: 8,4,2; empty: each drafter's own "
+                                             "(what the benchmarks used)")
                     budget = gr.Slider(2, MAX_BUDGET, value=default_budget(engine.available[0].key, on_gpu), step=1,
                                        label="Node budget", elem_id="budget",
                                        info="tree nodes the drafter verifies per step, root included "

@@ -230,6 +230,11 @@ def test_trained_drafters_are_offered_and_draw_trees(tiny, tmp_path):
         trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
         assert all(sum(s != -1 for s in t["sources"]) <= 3 for t in trees)
         assert any(-1 in t["sources"] for t in trees)
+    # an empty top-k gives each drafter its own again, after a request that set another
+    fe = app.ENGINE.drafter(app.ENGINE.request("w9 w10", "FastEagle", 0, 4, "3,2,1", 6, 0))
+    assert fe.tree_k == [3, 2, 1]
+    assert app.ENGINE.drafter(app.ENGINE.request("w9 w10", "FastEagle", 0, 4, "", 6, 0)).tree_k == 32
+    assert app.ENGINE.drafter(app.ENGINE.request("w9 w10", "EAGLE-3", 0, 4, " ", 6, 0)).tree_k == 10
 
 
 def test_an_unknown_tree_shape_is_a_clear_error(tiny, tmp_path):
