@@ -15,6 +15,8 @@ from viz.tree import (
     ACCEPTED,
     ACCEPTED_PATH,
     BONUS_NAME,
+    FOLD_ABOVE,
+    FOLDED_NAME,
     LABEL_HEIGHT_PX,
     LOOKUP_NAME,
     LOOKUP_SOURCE,
@@ -186,6 +188,56 @@ def test_labels_never_overlap_and_height_grows_with_leaves():
     for t in big.data:  # every label is short enough for one depth column
         for label in t.text or []:
             assert len(label) <= tokens.MAX_LABEL
+
+
+def big_step() -> dict:
+    """A 91-node tree: root -> 1 (accepted) -> 2 (accepted), 3 rejected under 1; under the root, 10
+    rejected siblings of 1, each with a never-reached chain of 3; under 2, 6 rejected children, each with
+    never-reached pairs (a node and its child) x 4; 2 more never-reached leaves under 1."""
+    parents, status = [-1, 0, 1, 1], [ACCEPTED, ACCEPTED, ACCEPTED, REJECTED]
+    def add(parent, verdict):
+        parents.append(parent)
+        status.append(verdict)
+        return len(parents) - 1
+    for _ in range(10):
+        s = add(0, REJECTED)
+        a = add(s, NEVER_REACHED)
+        add(add(a, NEVER_REACHED), NEVER_REACHED)
+    for _ in range(6):
+        r = add(2, REJECTED)
+        for _ in range(4):
+            add(add(r, NEVER_REACHED), NEVER_REACHED)
+    for _ in range(2):
+        add(1, NEVER_REACHED)
+    n = len(parents)
+    depths = [0] * n
+    for j in range(1, n):
+        depths[j] = depths[parents[j]] + 1
+    return {"step": 5, "tokens": [8, 10, 15], "token_depths": [1, 2, 0],
+            "tree": {"tokens": [7 + j % 9 for j in range(n)], "parents": parents, "depths": depths,
+                     "draft_probs": [0.5] * n, "sources": depths},
+            "status": status, "target_probs": [0.5] * n, "path": [0, 1, 2]}
+
+
+def test_big_trees_fold_their_never_reached_branches():
+    step = big_step()
+    n, status = len(step["status"]), step["status"]
+    assert n > FOLD_ABOVE
+    fig = tree_figure(step, decode)
+    by_name = _node_traces(fig)
+    folded = by_name[FOLDED_NAME]
+    # one stand-in per reached node with never-reached children, counting every never-reached node once
+    counts = [int(c[0]) for c in folded.customdata]
+    assert sum(counts) == status.count(NEVER_REACHED) and len(counts) == 10 + 6 + 1
+    assert sorted(folded.text) == sorted(f"+{c}" for c in counts)
+    assert list(by_name[VERDICTS[NEVER_REACHED]].x) == []  # none drawn one by one
+    drawn = sorted(int(c[0]) for v in (ACCEPTED, REJECTED) for c in by_name[VERDICTS[v]].customdata)
+    assert drawn == [i for i in range(n) if status[i] != NEVER_REACHED]
+    assert [int(c[0]) for c in by_name[VERDICTS[ACCEPTED]].customdata] == step["path"]
+    assert "never-reached nodes folded" in fig.layout.title.text
+    assert fig.layout.height < figure_height(tree_layout(step["tree"]["parents"]).rows)
+    assert BONUS_NAME in by_name and row_spacing_px(fig) >= LABEL_HEIGHT_PX + MARKER_PX
+    assert FOLDED_NAME not in _node_traces(tree_figure(backbone_step(), decode))  # small trees: every node
 
 
 def test_prefill_and_vanilla_steps_render():

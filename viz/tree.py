@@ -6,6 +6,10 @@ below their parent, packed per column, with no crossing edges. The figure's heig
 `rows * ROW_PX` plus margins (rows grow with the number of leaves), which keeps labels from ever
 overlapping vertically.
 
+A tree of more than `FOLD_ABOVE` nodes (a GPU's 128-node trees) folds each group of never-reached
+branches into one "+N" node under their parent: the verifier never looked at them, and drawn in full
+they would make a 2000-pixel figure. Hovering the stand-in lists what it holds.
+
 Colours give the verifier's verdict per node; the accepted path is one thick line trace named
 `ACCEPTED_PATH` (its points are exactly the accepted nodes); the target's own (bonus) token after
 the path is drawn as an extra node. Edges are elbows (line shape 'hvh': the vertical part halfway
@@ -37,6 +41,9 @@ LOOKUP_NAME = "from prompt lookup"
 ROW_PX = 40  # >= LABEL_HEIGHT_PX + MARKER_PX: a label sits above its marker
 MARGIN = {"l": 30, "r": 30, "t": 44, "b": 84}  # bottom: the depth axis, then the legend
 MIN_HEIGHT = 260
+FOLD_ABOVE = 64  # bigger trees fold their never-reached branches
+FOLDED_NAME = "never reached (folded)"
+FOLDED_SYMBOL = "circle-open"
 
 
 @dataclass
@@ -83,6 +90,25 @@ def tree_layout(parents: list[int], bonus_parent: int | None = None) -> Layout:
     return Layout([float(d) for d in depth], y, max(rows, 1), parents, bonus)
 
 
+def fold_unreached(parents: list[int], status: list[int]) -> tuple[list[int], list[tuple[int, list[int]]]]:
+    """The nodes to draw of a big tree: (the nodes the verifier reached, in order; per reached node with
+    never-reached children, (that node, every node of those children's subtrees)). A reached node's
+    parent is reached, and everything below a never-reached node is never reached, so the folds
+    cover exactly the never-reached nodes."""
+    n = len(parents)
+    shown = [i for i in range(n) if status[i] != NEVER_REACHED]
+    group: dict[int, list[int]] = {}  # reached parent -> the never-reached nodes below it
+    top = list(range(n))  # each never-reached node's highest never-reached ancestor
+    for i in range(n):  # parents precede children
+        if status[i] != NEVER_REACHED:
+            continue
+        p = parents[i]
+        if p >= 0 and status[p] == NEVER_REACHED:
+            top[i] = top[p]
+        group.setdefault(parents[top[i]], []).append(i)
+    return shown, sorted(group.items())
+
+
 def figure_height(rows: int) -> int:
     return max(MIN_HEIGHT, MARGIN["t"] + MARGIN["b"] + rows * ROW_PX)
 
@@ -125,14 +151,20 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
     sources = [int(s) for s in (tree.get("sources") or [0] * n)]
     path = [int(i) for i in (step.get("path") or [0])]
     bonus_tok = _bonus_token(step)
-    lay = tree_layout(tree["parents"], path[-1] if bonus_tok is not None else None)
+    folds: list[tuple[int, list[int]]] = []
+    shown = list(range(n))
+    if n > FOLD_ABOVE:
+        shown, folds = fold_unreached([int(q) for q in tree["parents"]], status)
+    at = {i: k for k, i in enumerate(shown)}  # node -> its place among the drawn nodes
+    draw_parents = [at.get(int(tree["parents"][i]), -1) for i in shown] + [at[p] for p, _ in folds]
+    lay = tree_layout(draw_parents, at[path[-1]] if bonus_tok is not None else None)
     texts = [label_of(t) for t in tokens]
     labels = [token_label(t) for t in texts]
 
     fig = go.Figure()
     # Edges (one trace, None-separated segments).
     ex, ey = [], []
-    for i in range(1, n):
+    for i in range(1, len(draw_parents)):
         p = lay.parents[i]
         if p >= 0:
             ex += [lay.x[p], lay.x[i], None]
@@ -140,30 +172,41 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="edges", hoverinfo="skip", showlegend=False,
                              line={"color": "#d0d0d0", "width": 1.5, "shape": "hvh"}))
     # The accepted path: exactly the accepted nodes, root first.
-    fig.add_trace(go.Scatter(x=[lay.x[i] for i in path], y=[lay.y[i] for i in path], mode="lines",
+    fig.add_trace(go.Scatter(x=[lay.x[at[i]] for i in path], y=[lay.y[at[i]] for i in path], mode="lines",
                              name=ACCEPTED_PATH, hoverinfo="skip",
                              line={"color": VERDICT_COLORS[ACCEPTED], "width": 6, "shape": "hvh"}, opacity=0.45))
     # Nodes, one trace per verdict (each always present so the legend stays put).
     for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):
-        idx = [i for i in range(n) if status[i] == verdict]
+        idx = [i for i in shown if status[i] == verdict]
         fig.add_trace(go.Scatter(
-            x=[lay.x[i] for i in idx], y=[lay.y[i] for i in idx], mode="markers+text", name=VERDICTS[verdict],
-            text=[labels[i] for i in idx], textposition="top center",
+            x=[lay.x[at[i]] for i in idx], y=[lay.y[at[i]] for i in idx], mode="markers+text",
+            name=VERDICTS[verdict], text=[labels[i] for i in idx], textposition="top center",
             textfont={"size": LABEL_FONT_PX, "family": "monospace"},
             marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
                     "symbol": [LOOKUP_SYMBOL if sources[i] == LOOKUP_SOURCE else "circle" for i in idx]},
-            customdata=[[i, tokens[i], int(lay.x[i]), dprobs[i], tprobs[i], _source_text(sources[i]),
+            customdata=[[i, tokens[i], int(lay.x[at[i]]), dprobs[i], tprobs[i], _source_text(sources[i]),
                          repr(texts[i])] for i in idx],
             hovertemplate=("node %{customdata[0]}: %{customdata[6]}<br>token id %{customdata[1]}<br>"
                            "depth %{customdata[2]} (%{customdata[5]})<br>"
                            "draft p %{customdata[3]:.3f}<br>target p %{customdata[4]:.3f}<br>"
                            f"{VERDICTS[verdict]}<extra></extra>"),
         ))
+    if folds:  # one stand-in per group of never-reached branches
+        at_fold = range(len(shown), len(shown) + len(folds))
+        fig.add_trace(go.Scatter(
+            x=[lay.x[k] for k in at_fold], y=[lay.y[k] for k in at_fold], mode="markers+text", name=FOLDED_NAME,
+            text=[f"+{len(nodes)}" for _, nodes in folds], textposition="top center",
+            textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": "#888888"},
+            marker={"size": MARKER_PX, "color": VERDICT_COLORS[NEVER_REACHED], "symbol": FOLDED_SYMBOL},
+            customdata=[[len(nodes), " ".join(labels[i] for i in nodes[:12]) + (" …" if len(nodes) > 12 else "")]
+                        for _, nodes in folds],
+            hovertemplate="%{customdata[0]} never-reached nodes, folded: %{customdata[1]}<extra></extra>",
+        ))
     if LOOKUP_SOURCE in sources:  # legend entry for the marker shape of lookup's nodes
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=LOOKUP_NAME, hoverinfo="skip",
                                  marker={"size": MARKER_PX, "color": "#777777", "symbol": LOOKUP_SYMBOL}))
     if lay.bonus is not None:
-        b, p = lay.bonus, path[-1]
+        b, p = lay.bonus, at[path[-1]]
         btext = label_of(bonus_tok)
         fig.add_trace(go.Scatter(
             x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines+markers+text", name=BONUS_NAME,
@@ -179,7 +222,8 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
     if title is None:
         title = (f"step {step.get('step', '?')}: {n - 1} drafted, {accepted} accepted"
                  f"{' + 1 bonus' if bonus_tok is not None else ''} · draft {float(step.get('draft_ms', 0)):.0f} ms"
-                 f" · verify {float(step.get('verify_ms', 0)):.0f} ms")
+                 f" · verify {float(step.get('verify_ms', 0)):.0f} ms"
+                 + (f" · {n - len(shown)} never-reached nodes folded" if folds else ""))
     max_x = max(lay.x) if lay.x else 0
     fig.update_layout(
         title={"text": title, "x": 0.01, "font": {"size": 14}},
