@@ -95,7 +95,7 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         if method == "fasteagle" and full_vocab_wanted(args, target.device):
             d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
         elif method == "fasteagle" and d.compact_vocab is not None:
-            d.shrink_vocab(d.compact_vocab)
+            d.shrink_vocab()
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 

@@ -231,23 +231,27 @@ class CascadedDrafter(nn.Module):
             counts = token_counts.float().to(self.vocab_ids.device).clone()
             counts[self.vocab_ids] = float("inf")  # the current tokens stay
             ids = counts.topk(n).indices.sort().values
-        if self.compact_vocab is None:
+        if self.compact_vocab is None and ids.numel() > have:  # the vocab it grew from, for CPUs
             self.compact_vocab = self.vocab_ids.detach().clone()
-        self.vocab_ids = ids
-        self.cfg.draft_vocab = 0 if ids.numel() == full else ids.numel()
-        self._head_w = None
-        return self
+        return self._use_vocab(ids)
 
     @torch.no_grad()
-    def shrink_vocab(self, ids: torch.Tensor) -> CascadedDrafter:
+    def shrink_vocab(self, ids: torch.Tensor | None = None) -> CascadedDrafter:
         """Draft over `ids`, part of the current draft vocab, only (default: `compact_vocab`).
 
         Why: on a CPU the head's product over SmolLM2's 49152 tokens costs ~3 ms a step, more than
         the rare tokens it adds are worth at the CPU's small trees; restricting the softmax to a
         subset keeps every subset token's ranking, so no weights change."""
+        ids = self.compact_vocab if ids is None else ids
+        if ids is None:
+            raise FastEagleError("shrink_vocab: no token ids given and the drafter has no compact vocab")
         ids = torch.as_tensor(ids, dtype=torch.long).to(self.vocab_ids.device).unique()  # sorted
         if not bool(torch.isin(ids, self.vocab_ids).all()):
             raise FastEagleError("shrink_vocab: some tokens are not in the drafter's draft vocab")
+        return self._use_vocab(ids)
+
+    def _use_vocab(self, ids: torch.Tensor) -> CascadedDrafter:
+        """Draft over the sorted token ids `ids` from now on (the head's rows are sliced again)."""
         self.vocab_ids = ids
         self.cfg.draft_vocab = 0 if ids.numel() == self.cfg.vocab_size else ids.numel()
         self._head_w = None

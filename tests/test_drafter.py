@@ -231,13 +231,17 @@ def test_shrink_vocab_drafts_over_a_subset_with_the_same_ranking(tiny, tmp_path)
     d.save(tmp_path)
     e = CascadedDrafter.load(tmp_path, tiny.model)
     assert e.vocab_ids.numel() == TINY_VOCAB and torch.equal(e.compact_vocab, keep)
-    e.shrink_vocab(e.compact_vocab)
+    e.shrink_vocab()  # its compact vocab
     assert e.cfg.draft_vocab == 40 and torch.equal(e.vocab_ids, keep.sort().values)
     part = e.depth_probs(last)
     sub = whole[:, e.vocab_ids]
     torch.testing.assert_close(part, sub / sub.sum(-1, keepdim=True), atol=1e-6, rtol=1e-4)
     with pytest.raises(FastEagleError, match="not in the drafter's draft vocab"):
         make(tiny, draft_vocab=16).shrink_vocab(torch.arange(TINY_VOCAB))
+    whole_already = make(tiny).grow_vocab(TINY_VOCAB)  # nothing grew: no compact vocab to fall back on
+    assert whole_already.compact_vocab is None
+    with pytest.raises(FastEagleError, match="no compact vocab"):
+        whole_already.shrink_vocab()
 
 
 def test_grow_mlp_keeps_the_function_and_adds_trainable_channels(tiny, tmp_path):
