@@ -19,6 +19,7 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -118,9 +119,12 @@ def _depth_acceptance(steps) -> tuple[list[int], list[int]]:
 
 
 def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 128,
-            sampling: SamplingParams | None = None, seed: int = 0, warmup: int = 1) -> dict:
+            sampling: SamplingParams | None = None, seed: int = 0, warmup: int = 1,
+            on_prompt: Callable[[dict], None] | None = None) -> dict:
     """Run every method on every prompt, interleaved prompt by prompt. `methods`: name -> drafter
-    (None for vanilla and the hf-* methods). Returns the per-prompt rows by method."""
+    (None for vanilla and the hf-* methods). Returns the per-prompt rows by method. `on_prompt(rows)`
+    runs after each prompt (every method then has as many rows), so a run cut short by a time limit
+    can still keep what it measured."""
     sampling = sampling or SamplingParams()
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     for ids in encoded[:warmup]:
@@ -131,6 +135,8 @@ def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 1
         for name, drafter in methods.items():
             r = time_one(target, ids, name, drafter, max_new, sampling, seed)
             rows[name].append(r | {"id": p["id"], "category": p["category"]})
+        if on_prompt is not None:
+            on_prompt(rows)
     return rows
 
 
@@ -283,10 +289,12 @@ def markdown_table(doc: dict) -> str:
                 + (" FastEagle as a CUDA graph ms |\n|---|---|---|---|---|\n" if graph else "\n|---|---|---|---|\n")
                 + rows)
     s = doc["settings"]
+    cut = doc.get("partial")
     budget = s.get("tree_budget")
     if isinstance(budget, dict):  # --tree auto: one per drafter
         budget = ", ".join(f"{k} {v}" for k, v in budget.items()) + " (auto)"
-    head = (f"**{doc['device']}**{_linears(s)}, target `{doc['target']}`, {s.get('prompts_desc', '')} "
+    head = ((f"**Partial: the run stopped after {cut['prompts_done']} of {cut['prompts']} prompts.** " if cut else "")
+            + f"**{doc['device']}**{_linears(s)}, target `{doc['target']}`, {s.get('prompts_desc', '')} "
             f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, tree budget {budget} nodes"
             + (f", fasteagle tree {s['tree_shape']}" if s.get("tree_shape") else "")
             + (", drafting over the whole vocabulary (--full-vocab)" if s.get("full_vocab") else "")

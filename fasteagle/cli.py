@@ -253,18 +253,32 @@ def cmd_bench(args) -> int:
             if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
                 choice = bench.auto_tree(target, d, prompts[:3])
                 settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
+    def keep_so_far(rows: dict) -> None:  # a run killed by a time limit leaves what it measured
+        done = len(next(iter(rows.values())))
+        if args.out and done < len(prompts):
+            partial = {"partial": {"prompts_done": done, "prompts": len(prompts)}}
+            _write_atomic(Path(args.out), json.dumps(bench.result_document(target, rows, settings) | partial
+                                                     | {"command": _command()}, indent=2))
+
     rows = bench.compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
-                         args.seed)
+                         args.seed, on_prompt=keep_so_far)
     doc = bench.result_document(target, rows, settings) | {"command": _command()}
     table = bench.markdown_table(doc)
     print(table)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=2))
+        _write_atomic(Path(args.out), json.dumps(doc, indent=2))
         Path(args.out).with_suffix(".md").write_text(table)
         bench.charts(doc, Path(args.out).with_suffix(".html"))
         print(f"wrote {args.out} (+ .md table, .html charts)")
     return 0
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Replace `path` whole or not at all (a kill mid-write keeps the previous version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _drafter_summaries(methods: dict) -> dict:

@@ -360,3 +360,36 @@ def test_budget_curve_reads_lookups_proposals_step_by_step(tiny):
     decoded = statistics.fmean(len(t.path) for t in traces)
     assert decoded > 1.5  # lookup's copies were accepted: the test can tell right lookup nodes from wrong ones
     assert doc["budget_curve"]["all"]["8"] == round(decoded, 3)
+
+
+def test_a_bench_cut_short_keeps_the_prompts_it_finished(tiny, tmp_path, monkeypatch):
+    """A run killed by a time limit (a GPU loan's, or Ctrl-C) leaves a result JSON of the prompts
+    it finished, marked partial; a whole run leaves the plain document."""
+    import fasteagle.target
+    from fasteagle.cli import main
+
+    monkeypatch.setattr(fasteagle.target, "load_target", lambda *a, **k: tiny)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS + [PROMPTS[0] | {"id": "c"}]))
+    out = tmp_path / "r.json"
+    argv = ["bench", "--prompts", str(prompts), "--methods", "vanilla,lookup", "--max-new-tokens", "6",
+            "--device", "cpu", "--out", str(out)]
+    real, calls = bench.time_one, []
+
+    def stop_on_the_second_prompt(*a, **k):
+        calls.append(1)
+        if len(calls) == 5:  # 2 warmup runs, 2 for the first prompt, then the second prompt
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench, "time_one", stop_on_the_second_prompt)
+    assert main(argv) == 130
+    doc = json.loads(out.read_text())
+    assert doc["partial"] == {"prompts_done": 1, "prompts": 3}
+    assert doc["methods"]["lookup"]["prompts"] == 1 and doc["methods"]["lookup"]["identical_to_vanilla"] == 1
+    assert bench.markdown_table(doc).startswith("**Partial: the run stopped after 1 of 3 prompts.**")
+    monkeypatch.setattr(bench, "time_one", real)
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert "partial" not in doc and doc["methods"]["vanilla"]["prompts"] == 3
+    assert not bench.markdown_table(doc).startswith("**Partial") and not list(tmp_path.glob("*.tmp"))
