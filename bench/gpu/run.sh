@@ -4,16 +4,20 @@
 # the target as online teacher, and the chat benchmark with the result, then where a decode step's time goes
 # (--profile-step). The H200 results in bench/results/gpu-h200-* and the stage-9 to stage-11 drafters were
 # made this way (stage 10: `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`; stage 11: `DRAFT_STEP=0
-# DRAFT_VOCAB=49152 bash bench/gpu/run.sh 560` on stage 10's carried replies; their steps ran as separate
-# device calls of one loan).
+# DRAFT_VOCAB=49152 bash bench/gpu/run.sh 560` on stage 10's carried replies; stage 12: stage 11's replies
+# plus a sampled set (the SAMPLED=1 step below, 2.5 min) as ADD_DATA, `bash bench/gpu/run.sh 575`; their
+# steps ran as separate device calls of one loan).
 #
-# Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
+# Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [CODE=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
 #        [BATCH_TOKENS=32768] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...]
 #        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
 # A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
 # distil again). SAMPLED=1 also has the target write a second reply to every prompt, sampled at temperature
-# 0.7 (runs/gpu-replies-s1, ~170 s), and trains on both; ADD_DATA names more saved token datasets to train on.
+# 0.7 (runs/gpu-replies-s1, ~170 s for all, 2.5 min gave half), and trains on both; CODE=1 has the target answer
+# the code prompts of data/code_prompts.pt too (python -m fasteagle.train.data --prompts-out data/code_prompts.pt
+# --code: documented functions of the standard library, networkx and numpy, HumanEval-shaped; runs/gpu-replies-code)
+# and trains on those replies as well; ADD_DATA names more saved token datasets to train on.
 # TRAIN=0 skips training and benches the shipped drafter. DRAFT_VOCAB grows a drafter's draft vocab (49152:
 # SmolLM2's whole vocabulary, which the shipped drafter has drafted over since stage 11); a bigger head
 # needs more memory in training (BATCH_TOKENS=16384 halves it). On a GPU every bench drafts over the whole
@@ -21,7 +25,8 @@
 # tree budget on this GPU (up to 192 nodes), TREE=fixed the ~60 nodes of issue 4. BF16=1 also benches a bf16
 # target (the speed a deployment sees; bf16 rounds a 60-node forward differently from a one-token step, so a
 # few outputs may differ from vanilla where the target's top two logits nearly tie). RESERVE: seconds kept
-# after training for the evaluations, the bench and the profile (more with TREE=auto); PROFILE=0 skips the
+# after training for the evaluations, the bench and the profile (TREE=auto with five methods needs ~330 s for
+# the evaluations and the bench: stage 12's loan kept 200 and lost its bench to the time limit); PROFILE=0 skips the
 # profile; METHODS replaces the chat bench's method list.
 set -u
 PY=${PYTHON:-python3}
@@ -55,6 +60,14 @@ if [ "${SAMPLED:-0}" = 1 ]; then
     --device cuda --dtype fp32
   EXTRA="--add-data runs/gpu-replies-s1/distilled.pt"
   echo "[t=$(el)] sampled replies written"
+fi
+# 2c. the target's replies to code prompts (ShareGPT has little code; HumanEval stays for evaluation)
+if [ "${CODE:-0}" = 1 ]; then
+  $PY -m fasteagle train --out runs/gpu-replies-code --data data/code_prompts.pt \
+    --holdout-data data/holdout_prompts.pt --distill --distill-only --distill-max-new 256 --distill-batch 768 \
+    --distill-minutes 2.0 --features online --eval-sequences 60 --device cuda --dtype fp32
+  EXTRA="$EXTRA --add-data runs/gpu-replies-code/distilled.pt"
+  echo "[t=$(el)] code replies written"
 fi
 for f in ${ADD_DATA:-}; do EXTRA="$EXTRA --add-data $f"; done
 

@@ -7,17 +7,22 @@ of conversation ids, so no process ever has to remember which conversations it t
 The ShareGPT file in the wheel is a 125 MB JSON list that is cut off mid-object at the end, so
 `json.load` fails on it; `iter_conversations` parses it object by object and stops at the cut.
 
+Code to train on comes from documented functions of Python libraries (`library_code_prompts`): HumanEval-shaped
+prompts whose bodies the target writes, so HumanEval itself stays an evaluation set only.
+
 Run `python -m fasteagle.train.data --write-prompts` to regenerate the committed evaluation prompt files.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import gzip
 import hashlib
 import json
 import re
 import sys
+import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -466,6 +471,79 @@ def human_eval_prompts() -> list[dict[str, str]]:
     return out
 
 
+CODE_PROMPT = "Complete the following Python function:\n\n```python\n{code}\n```"
+_SOURCE_SKIP = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo", "lib2to3", "ensurepip"}
+
+
+CODE_SOURCES = ("stdlib", "networkx", "numpy")  # the default: installed with this project everywhere
+
+
+def source_root(name: str) -> Path:
+    """Where `name`'s Python source lives: "stdlib", an importable package, or a directory."""
+    if name == "stdlib":
+        return Path(sysconfig.get_paths()["stdlib"])
+    if Path(name).is_dir():
+        return Path(name)
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FastEagleError(f"no package or directory named {name!r} to take code prompts from")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def library_code_prompts(sources: Sequence[str] = CODE_SOURCES, min_doc_chars: int = 40,
+                         max_doc_chars: int = 1200) -> list[dict[str, str]]:
+    """Public top-level functions with a docstring in Python libraries (the standard library,
+    networkx and numpy by default), as prompts shaped like HumanEval's ("Complete the following
+    Python function:", the signature and the docstring, no body): code-writing prompts for
+    self-distillation that are not HumanEval, which stays the code evaluation set. The target
+    writes the bodies, so the libraries' code is never a label. Tests are skipped; files are taken
+    in sorted order, so the same installed versions always give the same list: [{"id", "prompt"}]."""
+    out, seen = [], set()
+    for source in sources:
+        root = source_root(source)
+        label = source if source == "stdlib" else root.name
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root)
+            if _SOURCE_SKIP.intersection(rel.parts) or any(part.startswith("test") for part in rel.parts):
+                continue
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue  # a file of another Python version, or not UTF-8
+            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__").removesuffix("__init__")
+            for node in tree.body:
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                    continue
+                doc = ast.get_docstring(node)
+                if not doc or not min_doc_chars <= len(doc) <= max_doc_chars:
+                    continue
+                node.body, node.decorator_list = node.body[:1], []  # the docstring alone
+                code = ast.unparse(node)
+                if code in seen:  # the same helper copied into several modules
+                    continue
+                seen.add(code)
+                out.append({"id": f"{label}:{module}.{node.name}".replace(":.", ":"),
+                            "prompt": CODE_PROMPT.format(code=code)})
+    return out
+
+
+def build_text_prompt_dataset(tokenizer: Any, prompts: list[dict[str, str]],
+                              max_prompt_tokens: int = 400) -> dict[str, list]:
+    """A prompt-only token dataset (like `build_prompt_dataset`) from [{"id", "prompt"}] records."""
+    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
+    for rec in tqdm(prompts, desc="prompts", unit="prompt"):
+        ids = build_prompt_ids(tokenizer, rec["prompt"])
+        if len(ids) > max_prompt_tokens:
+            continue
+        out["prompt_ids"].append(ids)
+        out["input_ids"].append(ids)
+        out["loss_mask"].append([0] * len(ids))
+        out["ids"].append(rec["id"])
+    return out
+
+
 def _looks_english(text: str, min_ascii_letter_share: float = 0.6, max_foreign_letters: int = 2) -> bool:
     """Crude filter for English prose: mostly ASCII letters, and almost no letters outside ASCII
     (a few accented names pass; a Korean question wrapped around English code does not)."""
@@ -542,6 +620,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=400)
     parser.add_argument("--from", dest="from_file", default=None,
                         help="with --prompts-out: start from this saved prompt file instead of ShareGPT")
+    parser.add_argument("--code", nargs="?", const=",".join(CODE_SOURCES), default=None, metavar="SOURCES",
+                        help="with --prompts-out: code prompts (HumanEval-shaped, not HumanEval) from the documented "
+                             "functions of these libraries instead of ShareGPT: 'stdlib', packages or directories, "
+                             f"comma-separated (default {','.join(CODE_SOURCES)})")
     parser.add_argument("--exclude-distilled", action="append", default=[], metavar="SEED:BATCH:BATCHES",
                         help="with --prompts-out: leave out the prompts a distillation run over the same prompts "
                              "used (its seed, distill batch size and shard count); repeatable")
@@ -558,7 +640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from fasteagle.target import load_target
 
                 tok = load_target(None, device="cpu").tokenizer
-                data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
+                if args.code:
+                    code = library_code_prompts(args.code.split(","))
+                    data = build_text_prompt_dataset(tok, code, args.max_prompt_tokens)
+                else:
+                    data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
             n = len(data["ids"])
             if args.exclude_distilled:
                 data = exclude_distilled(data, args.exclude_distilled)

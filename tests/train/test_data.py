@@ -320,3 +320,39 @@ def test_committed_prompt_files_are_well_formed() -> None:
         assert all(r["category"] == category and len(r["turns"]) == 1 and r["turns"][0] for r in recs)
         if category == "chat":
             assert all(D.is_holdout(r["id"]) for r in recs)
+
+
+def test_library_code_prompts_are_humaneval_shaped_signatures_without_bodies(tmp_path: Path, tok) -> None:
+    pkg = tmp_path / "lib"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "tests").mkdir()
+    doc = "Return the running sum of xs, one partial sum per element."
+    (pkg / "sub" / "mod.py").write_text(
+        f'import os\n\n@decorated\ndef running_sum(xs: list[int], start: int = 0) -> list[int]:\n    """{doc}"""\n'
+        "    return [start]\n\n"
+        'def _private(x):\n    """A private helper that is documented at length but never public."""\n\n'
+        'def short(x):\n    """Too short."""\n\n'
+        "class C:\n    def method(self):\n        " + f'"""{doc}"""\n')
+    (pkg / "tests" / "test_mod.py").write_text(f'def test_it():\n    """{doc}"""\n')
+    (pkg / "broken.py").write_text("def (:\n")
+    (pkg / "copy.py").write_text(f'def running_sum(xs: list[int], start: int = 0) -> list[int]:\n    """{doc}"""\n'
+                                 "    return []\n")
+    got = D.library_code_prompts([str(pkg)])
+    assert [p["id"] for p in got] == ["lib:copy.running_sum"]  # the copy in sub/mod.py is the same prompt
+    prompt = got[0]["prompt"]
+    assert prompt.startswith("Complete the following Python function:\n\n```python\ndef running_sum(")
+    assert doc in prompt and "return" not in prompt and "@decorated" not in prompt and prompt.endswith('"""\n```')
+    data = D.build_text_prompt_dataset(tok, got)
+    assert data["ids"] == ["lib:copy.running_sum"] and data["prompt_ids"] == data["input_ids"]
+    assert data["loss_mask"] == [[0] * len(data["prompt_ids"][0])]
+    assert D.build_text_prompt_dataset(tok, got, max_prompt_tokens=5)["ids"] == []
+    with pytest.raises(FastEagleError, match="no package or directory"):
+        D.library_code_prompts(["no_such_package_here"])
+
+
+def test_default_code_prompts_leave_humaneval_out() -> None:
+    got = D.library_code_prompts()
+    assert len(got) > 1000 and len({p["id"] for p in got}) == len(got)
+    assert {p["id"].split(":")[0] for p in got} == {"stdlib", "networkx", "numpy"}
+    names = {p["id"].rsplit(".", 1)[-1] for p in got}
+    assert not names & {"has_close_elements", "truncate_number", "below_zero"}  # HumanEval/0, 2, 3
