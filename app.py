@@ -133,9 +133,9 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
 
 
 # Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
-# (bench/results/cpu-smollm2-135m-auto-tree-2026-11-26d.json: on that AVX-512 CPU trees of up to 12 nodes
-# cost about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-11 FastEagle
-# drafter's expected speed-up is 1.51x at 3 nodes, 1.63x at 4, 1.71x at 5, 1.79x at 6, 1.64x at 8).
+# (bench/results/cpu-smollm2-135m-auto-tree-2026-11-26e.json: on that AVX-512 CPU trees of up to 12 nodes
+# cost about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-12 FastEagle
+# drafter's expected speed-up is 1.60x at 3 nodes, 1.68x at 4, 1.74x at 5, 1.77x at 6, 1.65x at 8).
 CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
 # On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
 # auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
@@ -182,7 +182,7 @@ class Request:
     method: MethodSpec
     temperature: float
     max_new_tokens: int
-    tree_k: str
+    tree_k: tuple[int, ...]  # per depth; empty: each drafter's own (what the benchmarks used)
     tree_budget: int
     seed: int
     tree_shape: str = DEFAULT_TREE_SHAPE  # FastEagle's tree (fasteagle.tree.TREE_SHAPES)
@@ -279,7 +279,7 @@ class Engine:
         shape = tree_shape or DEFAULT_TREE_SHAPE
         if shape not in TREE_SHAPES:
             raise FastEagleError(f"unknown tree shape {shape!r}; choose one of {', '.join(TREE_SHAPES)}")
-        return Request(prompt, self.method(method), temp, max_new, ",".join(map(str, ks)), budget, seed_i, shape)
+        return Request(prompt, self.method(method), temp, max_new, tuple(ks), budget, seed_i, shape)
 
     def prompt_ids(self, req: Request) -> torch.Tensor:
         ids = chat_prompt_ids(self.target, req.prompt)
@@ -306,9 +306,9 @@ class Engine:
                 raise FastEagleError(f"the {m.label} drafter at {m.drafter_dir} failed to load: "
                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         d = self._drafters[key]
-        ks = [int(x) for x in req.tree_k.split(",")] if req.tree_k else None
+        ks = list(req.tree_k)
         if hasattr(d, "tree_k"):  # one k per depth for FastEagle; EAGLE-3's dynamic tree takes one k
-            d.tree_k = (self._default_k[key] if ks is None
+            d.tree_k = (self._default_k[key] if not ks
                         else ks[0] if len(ks) == 1 or m.key.startswith("eagle3") else ks)
         if hasattr(d, "tree_budget"):
             d.tree_budget = req.tree_budget
@@ -589,7 +589,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 ids_seen = {t for rec in record.values() for tr in rec["traces"]
                             for t in tr["tokens"] + ((tr.get("tree") or {}).get("tokens") or [])}
                 meta = {"prompt": req.prompt, "method": mlabel, "method_key": req.method.key,
-                        "temperature": req.temperature, "max_new_tokens": req.max_new_tokens, "tree_k": req.tree_k,
+                        "temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
+                        "tree_k": ",".join(map(str, req.tree_k)),
                         "tree_budget": req.tree_budget, "tree_shape": req.tree_shape, "seed": req.seed,
                         "target": target.name,
                         "device": str(target.device), "dtype": dtype, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
