@@ -23,7 +23,7 @@ import json
 import re
 import sys
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -424,20 +424,26 @@ def build_prompt_dataset(tokenizer: Any, split: Split, max_prompt_tokens: int = 
     """First user turns of one split, chat-templated, for self-distillation: the target writes the
     replies, so ShareGPT's own replies are not needed. Prompts over 2000 characters or
     `max_prompt_tokens` tokens, or under 8 characters, are skipped."""
+    records = ({"id": conv.id, "prompt": text}
+               for conv in tqdm(iter_conversations(path), desc=f"prompts {split}", unit="conv")
+               if in_split(conv.id, split)
+               for text in [first_user_prompt(conv)] if 8 <= len(text.strip()) and len(text) <= 2000)
+    return build_text_prompt_dataset(tokenizer, records, max_prompt_tokens)
+
+
+def build_text_prompt_dataset(tokenizer: Any, prompts: Iterable[dict[str, str]],
+                              max_prompt_tokens: int = 400) -> dict[str, list]:
+    """A prompt-only token dataset from {"id", "prompt"} records (each a single user turn plus the
+    generation prompt); prompts over `max_prompt_tokens` tokens are skipped."""
     out: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
-    for conv in tqdm(iter_conversations(path), desc=f"prompts {split}", unit="conv"):
-        if not in_split(conv.id, split):
-            continue
-        text = first_user_prompt(conv)
-        if len(text) > 2000 or len(text.strip()) < 8:
-            continue
-        ids = build_prompt_ids(tokenizer, text)
+    for rec in prompts:
+        ids = build_prompt_ids(tokenizer, rec["prompt"])
         if len(ids) > max_prompt_tokens:
             continue
         out["prompt_ids"].append(ids)
         out["input_ids"].append(ids)
         out["loss_mask"].append([0] * len(ids))
-        out["ids"].append(conv.id)
+        out["ids"].append(rec["id"])
     return out
 
 
@@ -473,8 +479,6 @@ def human_eval_prompts() -> list[dict[str, str]]:
 
 CODE_PROMPT = "Complete the following Python function:\n\n```python\n{code}\n```"
 _SOURCE_SKIP = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo", "lib2to3", "ensurepip"}
-
-
 CODE_SOURCES = ("stdlib", "networkx", "numpy")  # the default: installed with this project everywhere
 
 
@@ -512,7 +516,7 @@ def library_code_prompts(sources: Sequence[str] = CODE_SOURCES, min_doc_chars: i
                 tree = ast.parse(path.read_text(encoding="utf-8"))
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue  # a file of another Python version, or not UTF-8
-            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__").removesuffix("__init__")
+            module = [part for part in rel.with_suffix("").parts if part != "__init__"]
             for node in tree.body:
                 if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
                     continue
@@ -524,23 +528,7 @@ def library_code_prompts(sources: Sequence[str] = CODE_SOURCES, min_doc_chars: i
                 if code in seen:  # the same helper copied into several modules
                     continue
                 seen.add(code)
-                out.append({"id": f"{label}:{module}.{node.name}".replace(":.", ":"),
-                            "prompt": CODE_PROMPT.format(code=code)})
-    return out
-
-
-def build_text_prompt_dataset(tokenizer: Any, prompts: list[dict[str, str]],
-                              max_prompt_tokens: int = 400) -> dict[str, list]:
-    """A prompt-only token dataset (like `build_prompt_dataset`) from [{"id", "prompt"}] records."""
-    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
-    for rec in tqdm(prompts, desc="prompts", unit="prompt"):
-        ids = build_prompt_ids(tokenizer, rec["prompt"])
-        if len(ids) > max_prompt_tokens:
-            continue
-        out["prompt_ids"].append(ids)
-        out["input_ids"].append(ids)
-        out["loss_mask"].append([0] * len(ids))
-        out["ids"].append(rec["id"])
+                out.append({"id": f"{label}:{'.'.join([*module, node.name])}", "prompt": CODE_PROMPT.format(code=code)})
     return out
 
 
@@ -642,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tok = load_target(None, device="cpu").tokenizer
                 if args.code:
                     code = library_code_prompts(args.code.split(","))
-                    data = build_text_prompt_dataset(tok, code, args.max_prompt_tokens)
+                    data = build_text_prompt_dataset(tok, tqdm(code, desc="code prompts"), args.max_prompt_tokens)
                 else:
                     data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
             n = len(data["ids"])
