@@ -122,6 +122,9 @@ class CascadedDrafter(nn.Module):
         # trained vocab a whole-vocabulary drafter grew from; saved with the weights, used by `shrink_vocab`
         self.compact_vocab: torch.Tensor | None = None
         self._head_packed: WeightCopy | None = None  # the head's inference copy (CPU inference)
+        # training only: draft indices the loss's softmax runs over, besides each batch's teacher tokens
+        # (None: the whole draft vocab); see `loss`
+        self.loss_vocab: torch.Tensor | None = None
         self.packing: str | None = None  # "fp32" or "int8" once `pack_for_cpu` ran (a `packing.KINDS` key)
         self._fused: list[FusedLayer] | None = None  # inference forwards of self.layers, made at first use
         self._frozen: tuple[nn.Module, nn.Module] | None = None  # target's (embedding, lm_head), not ours
@@ -321,11 +324,15 @@ class CascadedDrafter(nn.Module):
             self._fused = [FusedLayer(layer) for layer in self.layers]
         return self._fused
 
-    def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
-        """Logits over the draft vocab of depth `depth` (1-based) from that layer's output."""
+    def head(self, h: torch.Tensor, depth: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the draft vocab of depth `depth` (1-based) from that layer's output (over the
+        draft indices `rows` only, if given)."""
         z = self.norms[depth - 1](h)
         if self.proj is not None:
             z = self.proj(z)
+        if rows is not None:
+            w = self.head_weight()[rows.to(self.head_weight().device)]
+            return F.linear(z.to(w.dtype), w)
         return self.vocab_logits(z)
 
     def vocab_logits(self, z: torch.Tensor) -> torch.Tensor:
@@ -375,6 +382,7 @@ class CascadedDrafter(nn.Module):
         """
         L = input_ids.shape[1]
         outs = self.depth_outputs(feats[:, :-1].to(self.fc.weight.dtype), input_ids[:, 1:])
+        rows, to_row = self._loss_rows(teacher_ids)
         total, stats = 0.0, {}
         for i, h in enumerate(outs, start=1):
             n = L - 1 - i  # positions t with a token t+1+i
@@ -386,9 +394,12 @@ class CascadedDrafter(nn.Module):
             d_ids = self.to_draft_ids(teacher_ids[:, i:i + n][m])  # (M, K), -1 outside the vocab
             t_p = teacher_probs[:, i:i + n][m].float() * (d_ids >= 0)
             t_p = t_p / t_p.sum(-1, keepdim=True).clamp_min(1e-9)
+            if to_row is not None:  # draft indices -> rows of the candidate head
+                d_ids = torch.where(d_ids >= 0, to_row[d_ids.clamp_min(0)], d_ids)
             hits = d_ids[:, 0]
-            args = (h[:, :n][m], i, d_ids.clamp_min(0), t_p, hits)
-            if torch.is_grad_enabled() and self.head_weight().shape[0] * args[0].shape[0] > self.LEAN_LOSS_ELEMENTS:
+            args = (h[:, :n][m], i, d_ids.clamp_min(0), t_p, hits, rows)
+            n_rows = self.head_weight().shape[0] if rows is None else rows.numel()
+            if torch.is_grad_enabled() and n_rows * args[0].shape[0] > self.LEAN_LOSS_ELEMENTS:
                 # recompute this depth's logits in the backward instead of keeping them: a whole-vocab
                 # head would otherwise hold every depth's (M, V) logits at once (tens of GB at 32k tokens)
                 ce, correct = checkpoint(self._depth_loss, *args, use_reentrant=False)
@@ -400,13 +411,29 @@ class CascadedDrafter(nn.Module):
             stats[f"loss{i}"] = float(layer_loss.detach())
         return total, stats
 
+    def _loss_rows(self, teacher_ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The draft rows the loss's softmax covers, and a draft index -> row table (None, None: all).
+
+        Why: on a CPU a whole-vocabulary head is most of a training step (49152 rows against ~10k
+        that matter), so with `loss_vocab` set the softmax runs over those draft indices plus every
+        teacher token of the batch (a sampled softmax whose negatives are the frequent tokens). Rows
+        outside get no gradient: meant for continuing a drafter trained on the whole vocab."""
+        if self.loss_vocab is None:
+            return None, None
+        in_vocab = self.to_draft_ids(teacher_ids.reshape(-1))
+        rows = torch.unique(torch.cat([self.loss_vocab.to(in_vocab.device), in_vocab[in_vocab >= 0]]))
+        to_row = torch.full((self.vocab_ids.numel(),), -1, dtype=torch.long, device=rows.device)
+        to_row[rows] = torch.arange(rows.numel(), device=rows.device)
+        return rows, to_row
+
     LEAN_LOSS_ELEMENTS = 1 << 28  # logits (M positions x V draft tokens) above which a depth's loss is recomputed
 
     def _depth_loss(self, h: torch.Tensor, depth: int, ids: torch.Tensor, probs: torch.Tensor,
-                    hits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    hits: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-entropy of depth `depth`'s draft distribution against the teacher's top-k (`ids`,
-        `probs`, (M, K)) at the M counted positions, and whether its argmax is the teacher's top-1 (`hits`)."""
-        logp = F.log_softmax(self.head(h, depth).float(), -1)  # (M, V_draft)
+        `probs`, (M, K)) at the M counted positions, and whether its argmax is the teacher's top-1 (`hits`);
+        with `rows`, over those rows of the draft vocab only (`ids` and `hits` index `rows`)."""
+        logp = F.log_softmax(self.head(h, depth, rows).float(), -1)  # (M, V_draft) or (M, rows)
         ce = -(probs * logp.gather(-1, ids)).sum(-1)
         return ce, logp.detach().argmax(-1) == hits
 

@@ -114,6 +114,35 @@ def test_recomputed_loss_gives_the_same_loss_and_gradients(tiny):
         torch.testing.assert_close(g0[n], g1[n], rtol=1e-5, atol=1e-7)
 
 
+def test_loss_vocab_is_a_softmax_over_frequent_rows_and_the_batch_teachers(tiny):
+    """With `loss_vocab`, each depth's cross-entropy is the one over those draft rows plus every
+    teacher token of the batch: all rows give the plain loss exactly; fewer rows a smaller one (the
+    missing rows' mass leaves the normaliser), with gradients still reaching the drafter."""
+    d = make(tiny, draft_vocab=200).train()
+    d.set_vocab(torch.arange(TINY_VOCAB))
+    ids = torch.randint(4, TINY_VOCAB, (2, 12))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    t_ids = torch.randint(4, TINY_VOCAB, (2, 12, 3))
+    t_p = torch.softmax(torch.randn(2, 12, 3), -1)
+    mask = (torch.rand(2, 12) > 0.3).float()
+    with torch.no_grad():
+        plain, plain_stats = d.loss(f, ids, mask, t_ids, t_p)
+        d.loss_vocab = torch.arange(200)
+        whole, whole_stats = d.loss(f, ids, mask, t_ids, t_p)
+    assert float(whole) == pytest.approx(float(plain), rel=1e-6) and whole_stats == pytest.approx(plain_stats)
+    d.loss_vocab = torch.tensor([0, 5, 17])
+    rows, to_row = d._loss_rows(t_ids)
+    in_vocab = d.to_draft_ids(t_ids.reshape(-1))
+    assert set(rows.tolist()) == {0, 5, 17} | set(in_vocab[in_vocab >= 0].tolist())
+    assert (rows[to_row[rows]] == rows).all() and int((to_row >= 0).sum()) == rows.numel()
+    d.zero_grad()
+    few, few_stats = d.loss(f, ids, mask, t_ids, t_p)
+    few.backward()
+    assert float(few.detach()) < float(plain)
+    assert all(few_stats[f"loss{i}"] < plain_stats[f"loss{i}"] for i in range(1, N + 1) if f"loss{i}" in few_stats)
+    assert d.fc.weight.grad is not None and float(d.fc.weight.grad.abs().sum()) > 0
+
+
 def test_draft_vocab_maps_back_to_target_ids(tiny):
     d = make(tiny, draft_vocab=64)
     counts = torch.zeros(TINY_VOCAB, dtype=torch.long)

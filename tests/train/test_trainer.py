@@ -68,6 +68,28 @@ def test_tiny_training_lowers_loss_and_raises_acceptance(tiny, tmp_path):
         assert tokens / forwards == pytest.approx(replay[shape], abs=0.02), shape
 
 
+def test_cpu_recipe_bf16_and_a_loss_over_frequent_tokens_still_trains_the_whole_vocab(tiny, tmp_path):
+    """The CPU fine-tuning recipe (bf16 matmuls, the softmax over the most frequent reply tokens plus the
+    batch's teacher tokens) trains a drafter that drafts over the whole vocabulary: the holdout, scored
+    with the full softmax, accepts much more than before, and decoding stays lossless."""
+    save_token_dataset(self_written(tiny, 24, seed=1), tmp_path / "train.pt")
+    save_token_dataset(self_written(tiny, 6, seed=2), tmp_path / "holdout.pt")
+    cfg = TrainConfig(out=str(tmp_path / "drafter"), data=str(tmp_path / "train.pt"),
+                      holdout_data=str(tmp_path / "holdout.pt"), num_layers=3, intermediate=96, topk=8,
+                      batch_tokens=400, max_steps=120, warmup=5, lr=3e-3, eval_sequences=6, device="cpu",
+                      mixed_precision="bf16", loss_vocab=16)
+    out = train(cfg, target=tiny)
+    ev = json.loads((out / "eval.json").read_text())
+    assert ev["holdout"]["tau_backbone"] > ev["holdout_initial"]["tau_backbone"] + 0.3
+    drafter = CascadedDrafter.load(out, tiny.model)
+    assert drafter.vocab_ids.numel() == TINY_VOCAB and drafter.info["training"]["loss_vocab"] == 16
+    prompt = torch.tensor(load_token_dataset(tmp_path / "holdout.pt")["prompt_ids"][0])
+    want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
+    assert run(tiny, prompt, drafter=drafter, max_new_tokens=30, stop_ids=set())[0] == want
+    with pytest.raises(FastEagleError, match="mixed_precision"):
+        train(TrainConfig(out=str(tmp_path / "x"), mixed_precision="fp8", device="cpu"), target=tiny)
+
+
 def test_checkpoint_resume(tiny, tmp_path):
     save_token_dataset(self_written(tiny, 8, seed=3, new=20), tmp_path / "train.pt")
     kw = dict(out=str(tmp_path / "d"), data=str(tmp_path / "train.pt"), num_layers=2, intermediate=64, topk=4,
