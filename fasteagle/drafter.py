@@ -433,7 +433,8 @@ class CascadedDrafter(nn.Module):
         """Cross-entropy of depth `depth`'s draft distribution against the teacher's top-k (`ids`,
         `probs`, (M, K)) at the M counted positions, and whether its argmax is the teacher's top-1 (`hits`);
         with `rows`, over those rows of the draft vocab only (`ids` and `hits` index `rows`)."""
-        logp = F.log_softmax(self.head(h, depth, rows).float(), -1)  # (M, V_draft) or (M, rows)
+        logits = self.head(h, depth) if rows is None else self.head(h, depth, rows)  # (M, V_draft) or (M, rows)
+        logp = F.log_softmax(logits.float(), -1)
         ce = -(probs * logp.gather(-1, ids)).sum(-1)
         return ce, logp.detach().argmax(-1) == hits
 

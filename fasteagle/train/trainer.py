@@ -210,9 +210,9 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     if cfg.loss_vocab:
         frequent = drafter.to_draft_ids(counts.argsort(descending=True)[: cfg.loss_vocab].to(drafter.vocab_ids.device))
         drafter.loss_vocab = frequent[frequent >= 0].sort().values
+        share = float(counts.sort(descending=True).values[: cfg.loss_vocab].sum()) / max(1, n_tokens)
         accel.print(f"loss over {drafter.loss_vocab.numel()} frequent draft tokens + each batch's teacher tokens "
-                    f"(they hold {float(counts.sort(descending=True).values[: cfg.loss_vocab].sum()) / max(1, n_tokens):.1%}"
-                    " of reply tokens)")
+                    f"(they hold {share:.1%} of reply tokens)")
 
     # 3. batches: online teacher, or the fp16 shards computed once
     if shards:

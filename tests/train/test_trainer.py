@@ -78,7 +78,12 @@ def test_cpu_recipe_bf16_and_a_loss_over_frequent_tokens_still_trains_the_whole_
                       holdout_data=str(tmp_path / "holdout.pt"), num_layers=3, intermediate=96, topk=8,
                       batch_tokens=400, max_steps=120, warmup=5, lr=3e-3, eval_sequences=6, device="cpu",
                       mixed_precision="bf16", loss_vocab=16)
-    out = train(cfg, target=tiny)
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state()  # accelerate keeps one precision per process; the other tests run fp32
+    try:
+        out = train(cfg, target=tiny)
+    finally:
+        AcceleratorState._reset_state()
     ev = json.loads((out / "eval.json").read_text())
     assert ev["holdout"]["tau_backbone"] > ev["holdout_initial"]["tau_backbone"] + 0.3
     drafter = CascadedDrafter.load(out, tiny.model)
