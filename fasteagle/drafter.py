@@ -331,7 +331,8 @@ class CascadedDrafter(nn.Module):
         if self.proj is not None:
             z = self.proj(z)
         if rows is not None:
-            w = self.head_weight()[rows.to(self.head_weight().device)]
+            w = self.head_weight()
+            w = w[rows.to(w.device)]
             return F.linear(z.to(w.dtype), w)
         return self.vocab_logits(z)
 
@@ -433,8 +434,7 @@ class CascadedDrafter(nn.Module):
         """Cross-entropy of depth `depth`'s draft distribution against the teacher's top-k (`ids`,
         `probs`, (M, K)) at the M counted positions, and whether its argmax is the teacher's top-1 (`hits`);
         with `rows`, over those rows of the draft vocab only (`ids` and `hits` index `rows`)."""
-        logits = self.head(h, depth) if rows is None else self.head(h, depth, rows)  # (M, V_draft) or (M, rows)
-        logp = F.log_softmax(logits.float(), -1)
+        logp = F.log_softmax(self.head(h, depth, rows).float(), -1)  # (M, V_draft) or (M, rows)
         ce = -(probs * logp.gather(-1, ids)).sum(-1)
         return ce, logp.detach().argmax(-1) == hits
 

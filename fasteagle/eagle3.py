@@ -56,8 +56,8 @@ class AutoregressiveDrafter(CascadedDrafter):
     def num_depths(self) -> int:
         return self.cfg.depth
 
-    def head(self, h: torch.Tensor, depth: int) -> torch.Tensor:
-        return super().head(h, 1)  # one layer, one norm, whatever the depth
+    def head(self, h: torch.Tensor, depth: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        return super().head(h, 1, rows)  # one layer, one norm, whatever the depth
 
     def step(self, g: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor | None, cache) -> torch.Tensor:

@@ -208,9 +208,10 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                     "of reply tokens")
     accel.print(f"training on {n_tokens} reply tokens")
     if cfg.loss_vocab:
-        frequent = drafter.to_draft_ids(counts.argsort(descending=True)[: cfg.loss_vocab].to(drafter.vocab_ids.device))
+        top_counts, top_ids = counts.sort(descending=True)
+        frequent = drafter.to_draft_ids(top_ids[: cfg.loss_vocab].to(drafter.vocab_ids.device))
         drafter.loss_vocab = frequent[frequent >= 0].sort().values
-        share = float(counts.sort(descending=True).values[: cfg.loss_vocab].sum()) / max(1, n_tokens)
+        share = float(top_counts[: cfg.loss_vocab].sum()) / max(1, n_tokens)
         accel.print(f"loss over {drafter.loss_vocab.numel()} frequent draft tokens + each batch's teacher tokens "
                     f"(they hold {share:.1%} of reply tokens)")
 
