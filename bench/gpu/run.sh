@@ -6,7 +6,9 @@
 # made this way (stage 10: `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`; stage 11: `DRAFT_STEP=0
 # DRAFT_VOCAB=49152 bash bench/gpu/run.sh 560` on stage 10's carried replies; stage 12: stage 11's replies
 # plus a sampled set (the SAMPLED=1 step below, 2.5 min) as ADD_DATA, `bash bench/gpu/run.sh 575`; their
-# steps ran as separate device calls of one loan).
+# steps ran as separate device calls of one loan). Stage 14 (new sampled chat replies and the code prompts'
+# greedy and sampled replies, then training on those only) ran the README's "Train a drafter" commands instead,
+# and its chat bench used --tree-budget 128, the budget --tree auto had chosen on the H200 before.
 #
 # Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [CODE=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
 #        [BATCH_TOKENS=32768] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...]
