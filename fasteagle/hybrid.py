@@ -48,5 +48,6 @@ class WithLookup:
         self.lookup.extend(tokens, None, next_token)
 
     def draft(self, root: int) -> DraftTree:
-        self.last_lookup = self.lookup.draft(root)  # kept for the bench's replays (auto tree, budget curve)
+        # on the host: `merge` reads it there (kept for the bench's replays: auto tree, budget curve)
+        self.last_lookup = self.lookup.tree(root, "cpu")
         return merge(self.drafter.draft(root), self.last_lookup, LOOKUP_SOURCE)

@@ -218,11 +218,16 @@ def merge(a: DraftTree, b: DraftTree, source: int = -1) -> DraftTree:
     """The union of two trees with the same root, as a trie: a path of `b` that `a` already holds
     adds nothing, the rest is appended below its deepest shared node. Siblings keep distinct tokens
     (which greedy and sampling verification both need) and `a`'s nodes keep their indices. `b`'s
-    new nodes get `source` as their source, so a picture can tell the two drafters apart."""
-    if a.size and b.size and int(a.tokens[0]) != int(b.tokens[0]):
+    new nodes get `source` as their source, so a picture can tell the two drafters apart.
+
+    Built on the host and moved to `a`'s device once: on a GPU, the merged tree's ancestor mask
+    would otherwise cost a host sync per depth."""
+    tokens = a.tokens.tolist()
+    if a.size and b.size and tokens[0] != int(b.tokens[0]):
         raise ValueError("trees to merge must share their root token")
-    tokens, parents = a.tokens.tolist(), a.parents.tolist()
-    probs, sources = a.draft_probs.tolist(), a.sources.tolist()
+    if b.size <= 1:
+        return a
+    parents, probs, sources = a.parents.tolist(), a.draft_probs.tolist(), a.sources.tolist()
     child = {(p, tok): i for i, (p, tok) in enumerate(zip(parents, tokens))}  # (parent, token) -> node
     where = [0] * b.size  # b's node -> merged node
     for j, (p, tok, pr) in enumerate(zip(b.parents.tolist()[1:], b.tokens.tolist()[1:], b.draft_probs.tolist()[1:]),
@@ -237,6 +242,5 @@ def merge(a: DraftTree, b: DraftTree, source: int = -1) -> DraftTree:
         where[j] = child[key]
     if len(tokens) == a.size:
         return a
-    dev = a.device
-    return make_tree(torch.tensor(tokens, device=dev), torch.tensor(parents, device=dev),
-                     torch.tensor(probs, device=dev), torch.tensor(sources, device=dev))
+    return make_tree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(probs),
+                     torch.tensor(sources)).to(a.device)

@@ -118,3 +118,38 @@ def test_in_the_loop_drafts_come_from_the_history(tiny):
     assert n_drafted > 0
     assert sum(len(tr.tokens) - 1 for tr in traces[1:]) > 0, "the repetitive tiny model must accept drafts"
     assert all(0 <= t < TINY_VOCAB for t in out)
+
+
+def scanned(seq: list[int], max_ngram: int, depth: int, branches: int, min_ngram: int) -> list[list[int]]:
+    """The definition the drafter's n-gram index implements, as a plain scan of history + [root]."""
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        found: list[list[int]] = []
+        for start in range(len(seq) - n - 1, -1, -1):
+            cont = seq[start + n:start + n + min(depth, 2 ** n)]
+            if seq[start:start + n] == seq[-n:] and all(c[0] != cont[0] for c in found):
+                found.append(cont)
+                if len(found) == branches:
+                    break
+        if found:
+            return found
+    return []
+
+
+@pytest.mark.parametrize("kw", [{}, {"min_ngram": 2}, {"max_ngram": 4, "depth": 5, "branches": 3}])
+def test_the_index_drafts_what_a_scan_of_the_history_finds(kw):
+    """Random small-alphabet text fed in uneven chunks: every step's tree is the scan's continuations."""
+    gen = torch.Generator().manual_seed(0)
+    d = LookupDrafter(**kw)
+    spec = {"max_ngram": 3, "depth": 8, "branches": 2, "min_ngram": 1} | kw
+    for _ in range(3):
+        d.reset(0)
+        text = torch.randint(0, 5, (300,), generator=gen).tolist()
+        at = 0
+        while at < len(text) - 1:
+            n = int(torch.randint(1, 5, (1,), generator=gen))
+            d.extend(torch.tensor(text[at:at + n]), None, text[min(at + n, len(text) - 1)])
+            at += n
+            root = text[min(at, len(text) - 1)]
+            tree = d.draft(root)
+            tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+            assert (branches(tokens, parents) if len(tokens) > 1 else []) == scanned(d.history + [root], **spec)
