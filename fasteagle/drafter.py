@@ -239,6 +239,22 @@ class CascadedDrafter(nn.Module):
         return self._use_vocab(ids)
 
     @torch.no_grad()
+    def set_compact_vocab(self, n: int, token_counts: torch.Tensor) -> CascadedDrafter:
+        """Make the compact vocab (what `shrink_vocab` drafts over by default, a CPU's choice) the `n`
+        most frequent draft tokens by `token_counts`, keeping the current compact tokens first.
+
+        Why: the size is a trade the device decides. Each token more costs a head row per depth in
+        every draft step, and each reply token outside the compact vocab ends an accepted run."""
+        if n > self.vocab_ids.numel():
+            raise FastEagleError(f"a compact vocab of {n} tokens does not fit the {self.vocab_ids.numel()}-token "
+                                 "draft vocab")
+        counts = token_counts.float().to(self.vocab_ids.device)[self.vocab_ids].clone()
+        if self.compact_vocab is not None and n >= self.compact_vocab.numel():
+            counts[torch.isin(self.vocab_ids, self.compact_vocab.to(self.vocab_ids.device))] = float("inf")
+        self.compact_vocab = self.vocab_ids[counts.topk(n).indices].sort().values.cpu()
+        return self
+
+    @torch.no_grad()
     def shrink_vocab(self, ids: torch.Tensor | None = None) -> CascadedDrafter:
         """Draft over `ids`, part of the current draft vocab, only (default: `compact_vocab`).
 

@@ -1,0 +1,59 @@
+"""Set a trained drafter's compact vocab (the tokens a CPU drafts over) from reply token counts.
+
+`python -m fasteagle.train.vocab DRAFTER --size N --data A.pt [B.pt ...]` keeps the drafter's weights
+as they are (rewritten bit for bit) and makes its compact vocab the current compact tokens plus the
+most frequent other reply tokens of the saved token datasets, N in all; config.json records the size,
+the coverage and the data. The README's "The draft vocabulary" says how the shipped size was chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from fasteagle.drafter import CascadedDrafter
+from fasteagle.train.data import load_token_dataset
+
+
+def reply_counts(paths: Sequence[str | Path], vocab_size: int) -> torch.Tensor:
+    """How often each token occurs in the replies (loss-masked positions) of saved token datasets."""
+    counts = torch.zeros(vocab_size)
+    for path in paths:
+        data = load_token_dataset(path)
+        for ids, mask in zip(data["input_ids"], data["loss_mask"]):
+            ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask, dtype=torch.bool)
+            counts += torch.bincount(ids[mask], minlength=vocab_size).float()
+    return counts
+
+
+def coverage(ids: torch.Tensor | None, counts: torch.Tensor) -> float:
+    return 1.0 if ids is None else float(counts[ids].sum() / counts.sum().clamp_min(1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fasteagle.train.vocab", description=__doc__.splitlines()[0])
+    p.add_argument("drafter", help="drafter directory (rewritten in place unless --out)")
+    p.add_argument("--size", type=int, required=True, help="tokens in the compact vocab")
+    p.add_argument("--data", nargs="+", required=True, help="saved token datasets (e.g. distilled replies)")
+    p.add_argument("--out", default=None, help="write the drafter here instead")
+    args = p.parse_args(argv)
+    d = CascadedDrafter.load(args.drafter)
+    counts = reply_counts(args.data, d.cfg.vocab_size)
+    before = coverage(d.compact_vocab, counts)
+    d.set_compact_vocab(args.size, counts)
+    after = coverage(d.compact_vocab, counts)
+    names = set(type(d.cfg).__dataclass_fields__)
+    extra = {k: v for k, v in d.info.items() if k not in names}
+    extra["compact_vocab"] = {"size": args.size, "reply_coverage": round(after, 4),
+                              "data": [Path(x).name for x in args.data], "reply_tokens": int(counts.sum())}
+    d.save(args.out or args.drafter, extra=extra)
+    print(f"compact vocab: {args.size} tokens covering {after:.1%} of {int(counts.sum())} reply tokens "
+          f"(was {before:.1%}); wrote {args.out or args.drafter}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

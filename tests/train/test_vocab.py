@@ -1,0 +1,63 @@
+"""fasteagle.train.vocab: a drafter's compact vocab from reply token counts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.errors import FastEagleError
+from fasteagle.train import vocab
+from fasteagle.train.data import save_token_dataset
+from tests.conftest import TINY_VOCAB
+
+
+def make(target, **kw) -> CascadedDrafter:
+    torch.manual_seed(0)
+    cfg = DrafterConfig.for_target(target.model, target.name, num_layers=2, intermediate=64, **kw)
+    return CascadedDrafter(cfg).attach(target.model).eval()
+
+
+def test_the_current_compact_tokens_stay_and_the_most_frequent_join(tiny):
+    d = make(tiny)  # drafts over the whole vocabulary
+    d.compact_vocab = torch.tensor([300, 5, 7])
+    counts = torch.zeros(TINY_VOCAB)
+    counts[10:20] = torch.arange(10, 0, -1.0)  # 10 the most frequent, then 11, 12, ...
+    counts[7] = 100.0  # already in: counted once
+    assert d.set_compact_vocab(6, counts).compact_vocab.tolist() == [5, 7, 10, 11, 12, 300]
+    assert d.set_compact_vocab(2, counts).compact_vocab.tolist() == [7, 10]  # smaller: the most frequent only
+    assert d.vocab_ids.numel() == TINY_VOCAB  # what it drafts over now is unchanged
+
+
+def test_the_compact_vocab_lies_inside_the_draft_vocab(tiny):
+    d = make(tiny, draft_vocab=16)
+    d.set_vocab(torch.arange(TINY_VOCAB, dtype=torch.float))  # drafts over the 16 last tokens
+    counts = torch.zeros(TINY_VOCAB)
+    counts[:8] = 50.0  # frequent, but not draftable
+    counts[TINY_VOCAB - 3] = 1.0
+    assert TINY_VOCAB - 3 in d.set_compact_vocab(4, counts).compact_vocab.tolist()
+    assert set(d.compact_vocab.tolist()) <= set(d.vocab_ids.tolist())
+    with pytest.raises(FastEagleError, match="does not fit"):
+        d.set_compact_vocab(32, counts)
+
+
+def test_command_rewrites_only_the_compact_vocab(tiny, tmp_path, capsys):
+    d = make(tiny)
+    d.compact_vocab = torch.tensor([1, 2])
+    d.info = {"training": {"steps": 3}}
+    d.save(tmp_path / "d", extra=d.info)
+    replies = {"ids": ["a", "b"], "prompt_ids": [[1], [2]],
+               "input_ids": [[1, 9, 9, 8], [2, 9, 7, 7]], "loss_mask": [[0, 1, 1, 1], [0, 1, 1, 1]]}
+    save_token_dataset(replies, tmp_path / "r.pt")
+    before = CascadedDrafter.load(tmp_path / "d").state_dict()
+    assert vocab.reply_counts([tmp_path / "r.pt"], TINY_VOCAB)[[7, 8, 9]].tolist() == [2.0, 1.0, 3.0]
+    assert vocab.main([str(tmp_path / "d"), "--size", "4", "--data", str(tmp_path / "r.pt")]) == 0
+    assert "covering 83.3% of 6 reply tokens (was 0.0%)" in capsys.readouterr().out
+    e = CascadedDrafter.load(tmp_path / "d")
+    assert e.compact_vocab.tolist() == [1, 2, 7, 9]
+    assert all(torch.equal(a, b) for a, b in zip(e.state_dict().values(), before.values()))
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["training"] == {"steps": 3} and cfg["compact_vocab"]["size"] == 4
+    assert cfg["compact_vocab"]["data"] == ["r.pt"] and cfg["compact_vocab"]["reply_tokens"] == 6
