@@ -103,9 +103,9 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
 
 def full_vocab_wanted(args, device) -> bool:
     """--full-vocab / --no-full-vocab, else on a GPU only: there the bigger head costs next to nothing
-    and the drafter can draft the ~10% of reply tokens a 6144-token vocab lacks; on a CPU it costs
-    3 ms a step (README, "The draft vocabulary"), so there a drafter drafts over its compact vocab
-    (the one it was trained with, or the one it grew from) unless asked."""
+    and the drafter can draft every reply token (a 6144-token vocab lacks ~10%); on a CPU the whole
+    head costs ~4 ms a step (README, "The draft vocabulary"), so there a drafter drafts over its compact
+    vocab (the one it was trained with, the one it grew from, or one `fasteagle.train.vocab` set) unless asked."""
     wanted = getattr(args, "full_vocab", None)
     return device.type == "cuda" if wanted is None else bool(wanted)
 
