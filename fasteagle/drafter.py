@@ -92,6 +92,21 @@ def _linear(weight: torch.Tensor) -> nn.Linear:
     return lin
 
 
+def _most_frequent(token_counts: torch.Tensor, n: int, keep: torch.Tensor | None = None,
+                   among: torch.Tensor | None = None) -> torch.Tensor:
+    """The sorted ids of the `n` most frequent tokens by `token_counts`: every token of `keep` first,
+    only tokens of `among` (default: any)."""
+    dev = (among if among is not None else keep if keep is not None else token_counts).device
+    counts = token_counts.float().to(dev).clone()
+    if among is not None:
+        allowed = torch.zeros_like(counts, dtype=torch.bool)
+        allowed[among] = True
+        counts[~allowed] = float("-inf")
+    if keep is not None:
+        counts[keep.to(dev)] = float("inf")
+    return counts.topk(n).indices.sort().values
+
+
 def target_fingerprint(model: nn.Module) -> list[float]:
     """Norms of 16 fixed rows of the input embedding and the LM head: stable across dtypes and
     devices, different for any other model (compared with a relative tolerance)."""
@@ -231,9 +246,7 @@ class CascadedDrafter(nn.Module):
         else:
             if token_counts is None:
                 raise FastEagleError("growing the draft vocab to part of the vocabulary needs token counts")
-            counts = token_counts.float().to(self.vocab_ids.device).clone()
-            counts[self.vocab_ids] = float("inf")  # the current tokens stay
-            ids = counts.topk(n).indices.sort().values
+            ids = _most_frequent(token_counts, n, keep=self.vocab_ids)  # the current tokens stay
         if self.compact_vocab is None and ids.numel() > have:  # the vocab it grew from, for CPUs
             self.compact_vocab = self.vocab_ids.detach().clone()
         return self._use_vocab(ids)
@@ -248,10 +261,8 @@ class CascadedDrafter(nn.Module):
         if n > self.vocab_ids.numel():
             raise FastEagleError(f"a compact vocab of {n} tokens does not fit the {self.vocab_ids.numel()}-token "
                                  "draft vocab")
-        counts = token_counts.float().to(self.vocab_ids.device)[self.vocab_ids].clone()
-        if self.compact_vocab is not None and n >= self.compact_vocab.numel():
-            counts[torch.isin(self.vocab_ids, self.compact_vocab.to(self.vocab_ids.device))] = float("inf")
-        self.compact_vocab = self.vocab_ids[counts.topk(n).indices].sort().values.cpu()
+        keep = self.compact_vocab if self.compact_vocab is not None and n >= self.compact_vocab.numel() else None
+        self.compact_vocab = _most_frequent(token_counts, n, keep=keep, among=self.vocab_ids).cpu()
         return self
 
     @torch.no_grad()

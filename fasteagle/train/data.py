@@ -362,6 +362,16 @@ def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
     torch.save(payload, str(path))
 
 
+def reply_counts(data: dict[str, list], vocab_size: int) -> torch.Tensor:
+    """How often each token occurs in a token dataset's replies (its loss-masked positions): what a
+    draft vocab and a compact vocab are chosen by."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ids, mask in zip(data["input_ids"], data["loss_mask"]):
+        ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask, dtype=torch.bool)
+        counts += torch.bincount(ids[mask], minlength=vocab_size)
+    return counts
+
+
 def load_token_dataset(path: str | Path, skip: int = 0, limit: int | None = None) -> dict[str, list]:
     """Read a dataset written by `save_token_dataset` back into lists of Python ints; `skip` and
     `limit` select records as `build_token_dataset` selects conversations (the first `skip` passed

@@ -178,8 +178,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             counts, rows_per_shard = counts + c, rows_per_shard + rows
             tokens_per_dir[str(d)] = int(c.sum())
     else:
-        counts = torch.bincount(torch.tensor([t for ids, m in zip(train_data["input_ids"], train_data["loss_mask"])
-                                              for t, keep in zip(ids, m) if keep]), minlength=dcfg.vocab_size)
+        counts = data_mod.reply_counts(train_data, dcfg.vocab_size)
     n_tokens = int(counts.sum())
     before = {"steps_all": 0, "train_minutes_all": 0.0}  # what the drafter we continue had already had
     if cfg.init_from:

@@ -15,18 +15,13 @@ from pathlib import Path
 import torch
 
 from fasteagle.drafter import CascadedDrafter
-from fasteagle.train.data import load_token_dataset
+from fasteagle.train import data
 
 
 def reply_counts(paths: Sequence[str | Path], vocab_size: int) -> torch.Tensor:
-    """How often each token occurs in the replies (loss-masked positions) of saved token datasets."""
-    counts = torch.zeros(vocab_size)
-    for path in paths:
-        data = load_token_dataset(path)
-        for ids, mask in zip(data["input_ids"], data["loss_mask"]):
-            ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask, dtype=torch.bool)
-            counts += torch.bincount(ids[mask], minlength=vocab_size).float()
-    return counts
+    """How often each token occurs in the replies of saved token datasets, all together."""
+    return sum((data.reply_counts(data.load_token_dataset(p), vocab_size) for p in paths),
+               torch.zeros(vocab_size, dtype=torch.long))
 
 
 def coverage(ids: torch.Tensor | None, counts: torch.Tensor) -> float:
