@@ -269,9 +269,22 @@ def cmd_bench(args) -> int:
     if args.out:
         _write_atomic(Path(args.out), json.dumps(doc, indent=2))
         Path(args.out).with_suffix(".md").write_text(table)
-        bench.charts(doc, Path(args.out).with_suffix(".html"))
-        print(f"wrote {args.out} (+ .md table, .html charts)")
+        print(f"wrote {args.out} (+ .md table{_charts_beside(doc, Path(args.out))})")
     return 0
+
+
+def _charts_beside(doc: dict, out: Path) -> str:
+    """Draw the .html charts beside a result; where plotly is missing (a bare GPU machine that only
+    measures) the measurement is kept and `--redraw` draws them later."""
+    from fasteagle import bench
+
+    try:
+        bench.charts(doc, out.with_suffix(".html"))
+    except ModuleNotFoundError as exc:
+        print(f"no .html charts ({exc.name} is not installed): `python -m fasteagle bench --redraw {out}` draws "
+              "them where it is", file=sys.stderr)
+        return ""
+    return ", .html charts"
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -77,3 +77,20 @@ def test_train_flags_reach_the_config(monkeypatch, tmp_path):
     cfg = got["cfg"]
     assert (cfg.seed, cfg.distill_sample_every, cfg.extra_data) == (1, 1, ["a.pt", "b.pt"])
     assert cfg.distill and cfg.distill_only and cfg.lr == 1e-3 and cfg.epochs == 2.0
+
+
+def test_bench_keeps_its_result_where_plotly_is_missing(monkeypatch, tmp_path, capsys):
+    """A bare GPU machine measures without plotly: the charts are left for `--redraw`, nothing else."""
+    from fasteagle import bench, cli
+
+    drawn = []
+    monkeypatch.setattr(bench, "charts", lambda doc, path: drawn.append(path))
+    assert cli._charts_beside({}, tmp_path / "r.json") == ", .html charts" and drawn == [tmp_path / "r.html"]
+
+    def no_plotly(doc, path):
+        raise ModuleNotFoundError("No module named 'plotly'", name="plotly")
+
+    monkeypatch.setattr(bench, "charts", no_plotly)
+    assert cli._charts_beside({}, tmp_path / "r.json") == ""
+    err = capsys.readouterr().err
+    assert f"plotly is not installed): `python -m fasteagle bench --redraw {tmp_path / 'r.json'}`" in err
