@@ -8,10 +8,13 @@
 # plus a sampled set (the SAMPLED=1 step below, 2.5 min) as ADD_DATA, `bash bench/gpu/run.sh 575`; their
 # steps ran as separate device calls of one loan). Stage 14 (new sampled chat replies and the code prompts'
 # greedy and sampled replies, then training on those only) ran the README's "Train a drafter" commands instead,
-# and its chat bench used --tree-budget 128, the budget --tree auto had chosen on the H200 before.
+# and its chat bench used --tree-budget 128, the budget --tree auto had chosen on the H200 before. The
+# 2026-11-27 chat bench and profile were steps 4 and 5 alone, with LIMIT=30 and
+# METHODS=vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup (290 s and 40 s; the GGUF and the drafters
+# had come over in three calls).
 #
 # Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [CODE=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
-#        [BATCH_TOKENS=32768] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...]
+#        [BATCH_TOKENS=32768] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...] [LIMIT=10]
 #        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
 # A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
@@ -29,7 +32,8 @@
 # few outputs may differ from vanilla where the target's top two logits nearly tie). RESERVE: seconds kept
 # after training for the evaluations, the bench and the profile (TREE=auto with five methods needs ~330 s for
 # the evaluations and the bench: stage 12's loan kept 200 and lost its bench to the time limit); PROFILE=0 skips the
-# profile; METHODS replaces the chat bench's method list.
+# profile; METHODS replaces the chat bench's method list; LIMIT sets its number of chat prompts (30 with five
+# methods takes ~290 s on an H200).
 set -u
 PY=${PYTHON:-python3}
 B=${1:-585}
@@ -89,13 +93,13 @@ echo "[t=$(el)] bench with $DR"
 
 # 4. 10 chat prompts, every method interleaved prompt by prompt, fp32 so the lossless check is exact;
 # fasteagle replays its draft step as a CUDA graph, fasteagle-eager runs it op by op
-timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
+timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit "${LIMIT:-10}" \
   --methods "${METHODS:-vanilla,hf-generate,hf-prompt-lookup,eagle3,fasteagle,fasteagle-eager,fasteagle+lookup}" \
   --max-new-tokens 128 --device cuda --dtype fp32 --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10.json" \
   --tree "${TREE:-auto}"
 echo "[t=$(el)] bench done"
 if [ "${BF16:-0}" = 1 ]; then
-  timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit 10 \
+  timeout $(( B - $(el) - 40 )) $PY -m fasteagle bench --prompts assets/prompts/sharegpt_holdout.jsonl --limit "${LIMIT:-10}" \
     --methods vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup --max-new-tokens 128 --device cuda --dtype bf16 \
     --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10-bf16.json" --tree "${TREE:-auto}"
   echo "[t=$(el)] bf16 bench done"
