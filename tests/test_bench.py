@@ -230,6 +230,15 @@ def test_cpu_results_name_the_model_and_vector_isa():
     assert torch.backends.cpu.get_cpu_capability() in name
 
 
+def test_gpu_results_name_the_host_cpu(monkeypatch):
+    """A launch-bound GPU's speedups move with the CPU feeding it, so its results name that CPU too."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H200")
+    monkeypatch.setattr(bench, "cpu_model", lambda: "Some Xeon")
+    assert bench.device_name(torch.device("cuda")) == "NVIDIA H200 (host Some Xeon)"
+    monkeypatch.setattr(bench, "cpu_model", lambda: None)
+    assert bench.device_name(torch.device("cuda")) == "NVIDIA H200"
+
+
 TINY_SHAPE = dict(target_hidden=32, vocab_size=200, width=32, intermediate=64, num_heads=4, num_kv_heads=2,
                   head_dim=8, rope_theta=10000.0, draft_vocab=0)
 
