@@ -14,9 +14,11 @@ DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
 # a trained drafter "+lookup" verifies its tree joined with prompt lookup's (fasteagle.hybrid);
 # "fasteagle-backbone" is the cascade with the paper's tree whatever --tree-shape says (to bench both);
-# "fasteagle-eager" runs its decode step op by op where "fasteagle" replays a CUDA graph (the same on a CPU)
+# "fasteagle-eager" runs its decode step op by op where "fasteagle" replays a CUDA graph (the same on a CPU);
+# "fasteagle-host-tree" replays the graph but builds the tree on the host from its top-k (as before the graph
+# built it), to time the two side by side
 METHODS = ("vanilla", "lookup", "fasteagle", "eagle3", "fasteagle+lookup", "eagle3+lookup", "fasteagle-backbone",
-           "fasteagle-eager")
+           "fasteagle-eager", "fasteagle-host-tree")
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -78,6 +80,10 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
     if method == "fasteagle-eager":
         d = make_drafter("fasteagle", target, args, path)
         d.step_mode = "dynamic"
+        return d
+    if method == "fasteagle-host-tree":
+        d = make_drafter("fasteagle", target, args, path)
+        d.tree_on_device = False
         return d
     if method in ("fasteagle", "eagle3"):
         from fasteagle.drafter import CascadedDrafter

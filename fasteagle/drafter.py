@@ -23,12 +23,12 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from fasteagle import packing
-from fasteagle.draftgraph import DraftStep, graphs_wanted
+from fasteagle.draftgraph import DraftStep, device_tree_wanted, graphs_wanted
 from fasteagle.errors import FastEagleError
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.packing import PackedLinear, WeightCopy, copy_class, pack_linears
-from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree
+from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree, product_fits
 
 COMPACT_VOCAB_KEY = "compact_vocab_ids"  # the tensor in model.safetensors that holds `compact_vocab`
 
@@ -157,6 +157,10 @@ class CascadedDrafter(nn.Module):
         # shapes, `fasteagle.draftgraph`), "graph" (static, replayed as a CUDA graph); None: "graph" on
         # a GPU (unless FASTEAGLE_DRAFT_GRAPH=0), "dynamic" elsewhere.
         self.step_mode: str | None = None
+        # Whether a fixed-shape step builds the product tree itself (`tree.product_fixed`), not the host
+        # from its top-k: None = in a CUDA graph (unless FASTEAGLE_DEVICE_TREE=0), where it spares the
+        # step a host round trip; on a CPU the host's heap is faster.
+        self.tree_on_device: bool | None = None
         self.fixed_step: DraftStep | None = None
         self._capacity = 0
         self.apply(self._init)
@@ -497,15 +501,31 @@ class CascadedDrafter(nn.Module):
     def _max_k(self) -> int:
         return self.tree_k if isinstance(self.tree_k, int) else max(self.tree_k)
 
+    def _depth_ks(self, n: int) -> list[int] | int:
+        """top-k per depth for a tree over n depths (an int: the same at every depth)."""
+        return self.tree_k if isinstance(self.tree_k, int) else (list(self.tree_k) + [1] * n)[:n]
+
+    def _tree_spec(self) -> tuple | None:
+        """(per-depth k, budget) for a fixed step that builds its own tree, or None (the host builds it)."""
+        wanted = self.tree_on_device
+        if wanted is None:
+            wanted = self.mode() == "graph" and device_tree_wanted()
+        ks = self._depth_ks(self.active_layers)
+        ks = [ks] * self.active_layers if isinstance(ks, int) else ks
+        if not wanted or self.tree_shape != "product" or not product_fits(ks, self.active_layers, self.tree_budget):
+            return None
+        return tuple(min(max(int(k), 1), self._max_k()) for k in ks), self.tree_budget
+
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
         """Feed newly accepted positions through all N layers; keep each layer's last output."""
         if self.mode() != "dynamic":
-            step = self.fixed_step
-            if step is None or (step.length == 0 and not step.fits(self._capacity, self.active_layers, self._max_k())):
+            step, spec = self.fixed_step, self._tree_spec()
+            if step is None or (step.length == 0 and not step.fits(self._capacity, self.active_layers, self._max_k(),
+                                                                   spec)):
                 room = -(-self._capacity // 1024) * 1024  # rounded up: a longer prompt rarely needs a new capture
                 self.fixed_step = step = DraftStep(self, room, self.active_layers, self._max_k(),
-                                                   graph=self.mode() == "graph")
+                                                   graph=self.mode() == "graph", tree=spec)
                 step.reset(self._capacity)
             step.extend(tokens, features, next_token)
             self.last = step.last
@@ -535,10 +555,12 @@ class CascadedDrafter(nn.Module):
     @torch.no_grad()
     def draft(self, root: int) -> DraftTree:
         n = self.last.shape[0]
-        ks = self.tree_k if isinstance(self.tree_k, int) else (list(self.tree_k) + [1] * n)[:n]
+        ks = self._depth_ks(n)
         k = ks if isinstance(ks, int) else max(ks)
         build = TREE_BUILDERS[self.tree_shape]
         step = self.fixed_step if self.mode() != "dynamic" else None
+        if step is not None and step.tree is not None and step.tree_spec == self._tree_spec():
+            return DraftTree(*step.tree)  # built by the step itself, on its device (valid until the next extend)
         if step is not None and step.topk is not None and step.k >= k:
             # the step's top-k came with it: one copy to the host, the tree built there and sent back
             top = step.topk[:, :, :k].cpu()

@@ -10,7 +10,9 @@ A graph fixes every shape and address, so this step
 - always runs `rows` rows: the accepted path (at most one node per draft depth plus the root)
   padded with stale rows. A padded row writes beyond the prefix end, where the next step writes
   its own rows before any row reads there, and its output is never read;
-- ends with the per-depth top-k packed into one tensor, so the host reads it in one copy.
+- ends with the per-depth top-k packed into one tensor, so the host reads it in one copy, or, given
+  a tree spec, with the product tree itself (`tree.product_fixed`): then no host round trip sits
+  between the draft and the target's forward, which the host queues while the GPU still drafts.
 
 A prefill (more rows than that) runs the same code eagerly. Without CUDA (or with `graph=False`)
 the whole step runs eagerly: the tests compare it with the dynamic step that way.
@@ -24,11 +26,18 @@ import warnings
 import torch
 
 from fasteagle.kvcache import ContextOverflowError, aligned
+from fasteagle.tree import product_fixed
 
 
 def graphs_wanted(device: torch.device) -> bool:
     """CUDA graphs for the drafter step on a GPU, unless FASTEAGLE_DRAFT_GRAPH=0."""
     return device.type == "cuda" and os.environ.get("FASTEAGLE_DRAFT_GRAPH", "1") != "0"
+
+
+def device_tree_wanted() -> bool:
+    """The graph builds the product tree too, unless FASTEAGLE_DEVICE_TREE=0 (then the host builds it
+    from the top-k: the same tree, for comparing the two)."""
+    return os.environ.get("FASTEAGLE_DEVICE_TREE", "1") != "0"
 
 
 class StaticKV:
@@ -54,13 +63,15 @@ class DraftStep:
 
     `length` counts the accepted positions held (the prefix end); `last` and `topk` hold the last
     step's outputs: each active layer's output at the last accepted position, and (2, layers, k)
-    with the top-k probabilities in row 0 and their token ids (as floats) in row 1.
+    with the top-k probabilities in row 0 and their token ids (as floats) in row 1. With a `tree`
+    spec (per-depth k, budget), `tree` holds the step's product tree as `DraftTree` fields, rooted
+    at the last extend's `next_token`; a graph's next replay overwrites them.
     """
 
-    def __init__(self, drafter, capacity: int, layers: int, k: int, graph: bool):
+    def __init__(self, drafter, capacity: int, layers: int, k: int, graph: bool, tree: tuple | None = None):
         cfg = drafter.cfg
         dev, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
-        self.drafter, self.layers, self.k, self.graph = drafter, layers, k, graph
+        self.drafter, self.layers, self.k, self.graph, self.tree_spec = drafter, layers, k, graph, tree
         self.rows = drafter.num_depths + 1  # the root plus one accepted node per depth
         # aligned columns, so the mask's rows are aligned for CUDA's attention (see `kvcache.attention_mask`)
         self.kv = StaticKV(layers, aligned(capacity + self.rows), cfg.num_kv_heads, cfg.head_dim, dtype, dev)
@@ -70,6 +81,7 @@ class DraftStep:
         self.length = 0
         self.last: torch.Tensor | None = None
         self.topk: torch.Tensor | None = None
+        self.tree: tuple[torch.Tensor, ...] | None = None
         # the graph's inputs live at fixed addresses; a step copies its data into them
         self.in_feats = torch.zeros(1, self.rows, len(cfg.feature_layers) * cfg.target_hidden, dtype=dtype,
                                     device=dev)
@@ -78,22 +90,23 @@ class DraftStep:
         self.in_last = torch.zeros(1, dtype=torch.long, device=dev)
         self.offsets = torch.arange(self.rows, device=dev)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._graph_out: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._graph_out: tuple | None = None
         self._graph_key: tuple | None = None
 
-    def fits(self, capacity: int, layers: int, k: int) -> bool:
+    def fits(self, capacity: int, layers: int, k: int, tree: tuple | None = None) -> bool:
         w = self.drafter.fc.weight
-        return (capacity <= self.capacity and layers == self.layers and k == self.k
+        return (capacity <= self.capacity and layers == self.layers and k == self.k and tree == self.tree_spec
                 and (w.dtype, w.device) == (self.in_feats.dtype, self.in_feats.device))
 
     def reset(self, limit: int | None = None) -> None:
         self.length = 0
         self.limit = self.capacity if limit is None else min(limit, self.capacity)
-        self.last = self.topk = None
+        self.last = self.topk = self.tree = None
 
     def forward(self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor):
         """Rows `ids` (1, R) with target features `feats` (1, R, F) at positions `pos` (R,): write their
-        keys/values, and return (each layer's output at row `last`, the packed per-depth top-k)."""
+        keys/values, and return (each layer's output at row `last`, the packed per-depth top-k, the
+        tree's fields or None); the tree's root is `ids` at `last`, the token that follows them."""
         d = self.drafter
         self.kv.pos = pos
         # additive, made once for all layers: row i sees every position up to its own
@@ -102,7 +115,13 @@ class DraftStep:
         outs = d.hidden(feats, ids, pos[None], mask, self.kv, self.layers)
         rows = torch.cat([o[0].index_select(0, last) for o in outs])  # (layers, W)
         top_p, top_i = d.depth_probs(rows).topk(self.k, -1)
-        return rows, torch.stack([top_p, d.vocab_ids[top_i].float()])  # token ids < 2**24 are exact
+        tokens = d.vocab_ids[top_i]
+        tree = None
+        if self.tree_spec is not None:
+            ks, budget = self.tree_spec
+            t = product_fixed(ids[0].index_select(0, last), tokens, top_p, list(ks), budget)
+            tree = (t.tokens, t.parents, t.depths, t.draft_probs, t.sources, t.ancestors)
+        return rows, torch.stack([top_p, tokens.float()]), tree  # token ids < 2**24 are exact as floats
 
     def extend(self, tokens: torch.Tensor, features: torch.Tensor, next_token: int) -> None:
         """The drafter protocol's `extend`: feed the accepted positions, keep the outputs."""
@@ -115,16 +134,16 @@ class DraftStep:
         feats = features.to(self.in_feats.dtype)
         if n > self.rows:  # a prefill: eager, at its own length
             pos = torch.arange(self.length, self.length + n, device=tokens.device)
-            self.last, self.topk = self.forward(feats[None], nxt[None], pos, pos.new_tensor([n - 1]))
+            self.last, self.topk, self.tree = self.forward(feats[None], nxt[None], pos, pos.new_tensor([n - 1]))
         else:
             self.in_ids[0, :n] = nxt
             self.in_feats[0, :n] = feats
             torch.add(self.offsets, self.length, out=self.in_pos)
             self.in_last.fill_(n - 1)
-            self.last, self.topk = self._run()
+            self.last, self.topk, self.tree = self._run()
         self.length += n
 
-    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self) -> tuple:
         args = (self.in_feats, self.in_ids, self.in_pos, self.in_last)
         if not self.graph:
             return self.forward(*args)

@@ -191,6 +191,67 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
                      torch.tensor([0] + [k[0] + 1 for k in kept], device=dev))
 
 
+def product_fits(ks: list[int] | int, n_depth: int, budget: int) -> bool:
+    """Whether the top-k lists hold at least `budget - 1` paths, so `product_fixed` fills every node."""
+    paths, total = 1, 0
+    for k in ([ks] * n_depth if isinstance(ks, int) else list(ks)[:n_depth]):
+        paths *= max(int(k), 1)
+        total += min(paths, budget - 1)
+    return budget >= 2 and total >= budget - 1
+
+
+def product_fixed(root: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: list[int] | int,
+                  budget: int) -> DraftTree:
+    """`product`'s tree (the same nodes, in the same order, ties aside) in fixed-shape tensor ops on
+    the top-k's own device, `root` a one-element tensor there: no host round trip, so a CUDA graph
+    builds it right after the draft step, and the target's forward is queued while the GPU drafts.
+    Needs `product_fits`.
+
+    Why it finds the same nodes: a child scores below its parent, so a node among the best
+    `budget - 1` at depth d has its parent among the best at depth d-1. A beam of `budget - 1`
+    paths per depth, each depth's best of (beam x top-k), thus holds every node `product` keeps;
+    the best `budget - 1` of all the beams are those nodes. Scores are summed in float64, as the
+    host's are.
+    """
+    dev = topk_ids.device
+    n_depth, kmax = topk_ids.shape
+    w = budget - 1
+    k_at = [min(max(int(k), 1), kmax) for k in ([ks] * n_depth if isinstance(ks, int) else ks)[:n_depth]]
+    col = torch.arange(kmax, device=dev)
+    logp = topk_probs.double().clamp_min(1e-30).log()
+    logp = logp.masked_fill(torch.stack([col >= k for k in k_at]), -math.inf)
+    beam = torch.full((w,), -math.inf, dtype=torch.float64, device=dev)
+    beam[0] = 0.0  # the root's path: the only one to extend at depth 1
+    scores, parents, cands = [], [], []
+    for d in range(n_depth):
+        s, i = (beam[:, None] + logp[d][None, :]).view(-1).topk(w)
+        scores.append(s - (d + 1) * 1e-6)  # as `product`: a certain child still ranks below its parent
+        parents.append(i // kmax)
+        cands.append(i % kmax)
+        beam = s
+    flat = torch.stack(scores).view(-1).topk(w).indices  # best first
+    depth = flat // w
+    order = torch.sort(depth, stable=True).indices  # depth by depth, the best first within a depth
+    flat, depth = flat[order], depth[order]
+    cand = torch.stack(cands).view(-1)[flat]
+    node_of = torch.zeros(n_depth * w, dtype=torch.long, device=dev)  # beam entry -> node index
+    node_of[flat] = torch.arange(1, w + 1, device=dev)
+    above = (depth - 1).clamp(min=0) * w + torch.stack(parents).view(-1)[flat]
+    parent = torch.where(depth == 0, 0, node_of[above])
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+    tokens = torch.cat([root.view(1).long(), topk_ids[depth, cand].long()])
+    probs = torch.cat([torch.ones(1, device=dev), topk_probs[depth, cand].float()])
+    depths = torch.cat([zero, depth + 1])
+    up = torch.cat([zero, parent])  # the root points at itself
+    idx = torch.arange(budget, device=dev)
+    ancestors = torch.eye(budget, dtype=torch.bool, device=dev)
+    cur = idx
+    for _ in range(n_depth):
+        cur = up[cur]
+        ancestors[idx, cur] = True
+    return DraftTree(tokens, torch.cat([zero - 1, parent]), depths, probs, depths.clone(), ancestors)
+
+
 TREE_BUILDERS = {"product": product, "backbone": backbone}  # FastEagle's tree shapes, the default first
 TREE_SHAPES = tuple(TREE_BUILDERS)
 DEFAULT_TREE_SHAPE = TREE_SHAPES[0]

@@ -349,6 +349,8 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
     eager = make_drafter("fasteagle-eager", tiny, args)  # the graph-free step, for a side-by-side on a GPU
     assert eager.step_mode == "dynamic" and eager.mode() == "dynamic" and eager.tree_shape == "product"
     assert make_drafter("fasteagle", tiny, args).step_mode is None  # the device decides
+    host = make_drafter("fasteagle-host-tree", tiny, args)  # the graph's tree built on the host instead
+    assert host.tree_on_device is False and host.step_mode is None
     make(tiny, draft_vocab=64).save(tmp_path / "small")
     small = SimpleNamespace(**(vars(args) | {"drafter": str(tmp_path / "small")}))
     assert make_drafter("fasteagle", tiny, small).vocab_ids.numel() == 64  # the trained draft vocab

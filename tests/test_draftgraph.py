@@ -61,6 +61,25 @@ def test_static_step_decodes_losslessly(tiny):
     assert again == want and sta.fixed_step is step
 
 
+def test_a_step_that_builds_its_own_tree_decodes_the_same(tiny):
+    """`tree_on_device` (a CUDA graph's default): the step builds the product tree itself, with no
+    host round trip; the same trees as the host's heap, the same lossless reply, and each trace
+    keeps its own tree though the next step rebuilds in the same tensors."""
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9, 11, 13])
+    want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
+    _, host = pair(tiny)
+    _, dev = pair(tiny)
+    dev.tree_on_device = True
+    got_host, tr_host = run(tiny, prompt, drafter=host, max_new_tokens=30, stop_ids=set())
+    got_dev, tr_dev = run(tiny, prompt, drafter=dev, max_new_tokens=30, stop_ids=set())
+    assert got_dev == got_host == want
+    assert dev.fixed_step.tree_spec == ((4,) * dev.num_depths, 16) and host.fixed_step.tree_spec is None
+    assert [t.tree for t in tr_dev[1:]] == [t.tree for t in tr_host[1:]]
+    dev.tree_shape = "backbone"  # the paper's tree: built by the host again
+    got, _ = run(tiny, prompt, drafter=dev, max_new_tokens=30, stop_ids=set())
+    assert got == want and dev.fixed_step.tree_spec is None
+
+
 def test_a_small_tree_builds_a_step_of_fewer_layers(tiny):
     _, sta = pair(tiny, budget=3)
     ids = torch.randint(4, TINY_VOCAB, (10,))

@@ -29,7 +29,8 @@ from tests.train.test_trainer import self_written
 DEVICE = os.environ.get("FASTEAGLE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DEVICE is None, reason="no CUDA device (FASTEAGLE_TEST_DEVICE=cpu "
                                                                           "runs these checks on the CPU)")]
-METHODS = ("fasteagle", "eagle3", "lookup", "fasteagle+lookup", "fasteagle-backbone", "fasteagle-eager")
+METHODS = ("fasteagle", "eagle3", "lookup", "fasteagle+lookup", "fasteagle-backbone", "fasteagle-eager",
+           "fasteagle-host-tree")
 PROMPTS = [{"id": "a", "text": "w7 w8 w9 w10 w7 w8", "category": "chat"},
            {"id": "b", "text": "w11 w12 w13 w11 w12", "category": "code"}]
 
@@ -110,9 +111,26 @@ def test_the_drafter_step_replays_as_a_cuda_graph(gpu, args):
     assert step is not None and step.length > 0
     if mode == "graph":
         graph = step._graph
-        assert graph is not None
+        assert graph is not None and step.tree_spec is not None  # the graph builds the tree too
         run(gpu, prompt, drafter=drafters[mode], max_new_tokens=24, stop_ids=set())
         assert drafters[mode].fixed_step._graph is graph  # captured once, replayed ever since
+
+
+def test_the_graph_builds_the_hosts_tree(gpu, args, monkeypatch):
+    """The product tree built inside the step (the default with a graph) against the host's heap
+    (FASTEAGLE_DEVICE_TREE=0): the same trees step by step, the same greedy reply."""
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
+    mode = "graph" if torch.device(DEVICE).type == "cuda" else "static"
+    replies = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("FASTEAGLE_DEVICE_TREE", on)
+        d = make_drafter("fasteagle", gpu, args)
+        d.step_mode = mode
+        d.tree_on_device = None if mode == "graph" else on == "1"
+        replies[on] = run(gpu, prompt, drafter=d, max_new_tokens=24, stop_ids=set())
+        assert (d.fixed_step.tree_spec is not None) == (on == "1")
+    assert replies["1"][0] == replies["0"][0]
+    assert [t.tree for t in replies["1"][1][1:]] == [t.tree for t in replies["0"][1][1:]]
 
 
 def test_bench_runs_every_method_on_the_device(gpu, args):

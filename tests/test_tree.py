@@ -7,7 +7,19 @@ import json
 import pytest
 import torch
 
-from fasteagle.tree import DraftTree, backbone, chain, dynamic, make_tree, merge, path_tree, product, root_only
+from fasteagle.tree import (
+    DraftTree,
+    backbone,
+    chain,
+    dynamic,
+    make_tree,
+    merge,
+    path_tree,
+    product,
+    product_fits,
+    product_fixed,
+    root_only,
+)
 from tests.drafters import one_thread
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
@@ -270,6 +282,45 @@ def test_product_never_keeps_a_child_without_its_parent():
         spine = [i for i in range(tree.size) if tree.tokens[i] in (1, 10, 20, 30)]
         assert tree.tokens[spine].tolist() == [1, 10, 20, 30][:min(budget, 4)]
         assert tree.parents[spine[1:]].tolist() == spine[:-1]
+
+
+@pytest.mark.parametrize("n_depth,ks,budget", [
+    (1, 10, 11), (1, 10, 4), (3, 3, 30), (4, [4, 3, 2, 1], 10), (4, 4, 16), (5, 3, 60), (4, [1, 5, 1, 5], 12),
+    (6, 4, 2), (2, 6, 37), (6, 32, 192),
+])
+def test_product_fixed_builds_products_tree(n_depth, ks, budget):
+    """The fixed-shape build (what a CUDA graph replays) gives `product`'s tree, node for node."""
+    kmax = ks if isinstance(ks, int) else max(ks)
+    assert product_fits(ks, n_depth, budget)
+    for seed in range(3):
+        ids, probs = _topk(n_depth, kmax, seed, vocab=max(320, kmax))
+        assert_same_tree(product_fixed(torch.tensor([5]), ids, probs, ks, budget), product(5, ids, probs, ks, budget))
+
+
+def test_product_fits_counts_the_paths_the_top_k_hold():
+    assert product_fits(10, 1, 11) and not product_fits(10, 1, 12)  # 10 paths of one token
+    assert product_fits([2, 3], 2, 9) and not product_fits([2, 3], 2, 10)  # 2 + 6 paths
+    assert not product_fits(4, 3, 1)  # a root-only tree is no product tree
+
+
+def test_product_fixed_keeps_certain_drafts_closed_and_syncs_nothing(conversions):
+    """Certain drafts tie a child with its parent's path probability; the tree stays closed, the
+    certain spine first, as `product`'s (which of the tied impossible drafts fill the rest may
+    differ), and the build never reads a value back to the host (a CUDA graph could not)."""
+    ids = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    probs = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    for budget in range(2, 8):
+        conversions.clear()
+        tree = product_fixed(torch.tensor([1]), ids, probs, 3, budget)
+        assert sum(conversions.values()) == 0, conversions
+        assert tree.size == budget and all(int(tree.parents[i]) < i for i in range(1, tree.size))
+        spine = [0]  # the nodes whose whole path is certain
+        for i in range(1, tree.size):
+            if tree.draft_probs[i] == 1.0 and int(tree.parents[i]) in spine:
+                spine.append(i)
+        assert tree.tokens[spine].tolist() == [1, 10, 20, 30][:min(budget, 4)]
+        assert tree.depths.tolist() == sorted(tree.depths.tolist())  # depth by depth
+        assert torch.equal(tree.ancestors, make_tree(tree.tokens, tree.parents).ancestors)
 
 
 # -- dynamic (EAGLE-2 rerank) ---------------------------------------------------------------------
