@@ -231,7 +231,9 @@ def product_fixed(root: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.
         beam = s
     flat = torch.stack(scores).view(-1).topk(w).indices  # best first
     depth = flat // w
-    order = torch.sort(depth, stable=True).indices  # depth by depth, the best first within a depth
+    # depth by depth, the best first within a depth: a top-k of distinct keys, not a sort, since the draft
+    # step's graph already captures top-k, while some sort kernels (CUB's stable sort) refuse capture
+    order = (-(depth * w + torch.arange(w, device=dev))).topk(w).indices
     flat, depth = flat[order], depth[order]
     cand = torch.stack(cands).view(-1)[flat]
     node_of = torch.zeros(n_depth * w, dtype=torch.long, device=dev)  # beam entry -> node index
