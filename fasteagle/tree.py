@@ -220,8 +220,8 @@ def product_fixed(root: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.
     col = torch.arange(kmax, device=dev)
     logp = topk_probs.double().clamp_min(1e-30).log()
     logp = logp.masked_fill(torch.stack([col >= k for k in k_at]), -math.inf)
-    beam = torch.full((w,), -math.inf, dtype=torch.float64, device=dev)
-    beam[0] = 0.0  # the root's path: the only one to extend at depth 1
+    slots = torch.arange(w, device=dev)
+    beam = torch.where(slots == 0, 0.0, -math.inf).double()  # the root's path: the only one at depth 1
     scores, parents, cands = [], [], []
     for d in range(n_depth):
         s, i = (beam[:, None] + logp[d][None, :]).view(-1).topk(w)
@@ -233,11 +233,10 @@ def product_fixed(root: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.
     depth = flat // w
     # depth by depth, the best first within a depth: a top-k of distinct keys, not a sort, since the draft
     # step's graph already captures top-k, while some sort kernels (CUB's stable sort) refuse capture
-    order = (-(depth * w + torch.arange(w, device=dev))).topk(w).indices
+    order = (-(depth * w + slots)).topk(w).indices
     flat, depth = flat[order], depth[order]
     cand = torch.stack(cands).view(-1)[flat]
-    node_of = torch.zeros(n_depth * w, dtype=torch.long, device=dev)  # beam entry -> node index
-    node_of[flat] = torch.arange(1, w + 1, device=dev)
+    node_of = torch.zeros(n_depth * w, dtype=torch.long, device=dev).scatter(0, flat, slots + 1)  # entry -> node
     above = (depth - 1).clamp(min=0) * w + torch.stack(parents).view(-1)[flat]
     parent = torch.where(depth == 0, 0, node_of[above])
     zero = torch.zeros(1, dtype=torch.long, device=dev)
@@ -246,11 +245,10 @@ def product_fixed(root: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.
     depths = torch.cat([zero, depth + 1])
     up = torch.cat([zero, parent])  # the root points at itself
     idx = torch.arange(budget, device=dev)
-    ancestors = torch.eye(budget, dtype=torch.bool, device=dev)
-    cur = idx
-    for _ in range(n_depth):
+    ancestors, cur = idx[:, None] == idx[None, :], idx
+    for _ in range(n_depth):  # elementwise: no indexed writes (nor Python-scalar ones) in the graph
         cur = up[cur]
-        ancestors[idx, cur] = True
+        ancestors = ancestors | (idx[None, :] == cur[:, None])
     return DraftTree(tokens, torch.cat([zero - 1, parent]), depths, probs, depths.clone(), ancestors)
 
 
