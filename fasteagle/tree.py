@@ -283,11 +283,11 @@ def merge(a: DraftTree, b: DraftTree, source: int = -1) -> DraftTree:
 
     Built on the host and moved to `a`'s device once: on a GPU, the merged tree's ancestor mask
     would otherwise cost a host sync per depth."""
-    tokens = a.tokens.tolist()
-    if a.size and b.size and tokens[0] != int(b.tokens[0]):
-        raise ValueError("trees to merge must share their root token")
-    if b.size <= 1:
+    if b.size <= 1:  # nothing to add: `a` untouched, not even read (on a GPU, a read waits for its drafting)
         return a
+    tokens = a.tokens.tolist()
+    if a.size and tokens[0] != int(b.tokens[0]):
+        raise ValueError("trees to merge must share their root token")
     parents, probs, sources = a.parents.tolist(), a.draft_probs.tolist(), a.sources.tolist()
     child = {(p, tok): i for i, (p, tok) in enumerate(zip(parents, tokens))}  # (parent, token) -> node
     where = [0] * b.size  # b's node -> merged node
