@@ -28,7 +28,7 @@ from fasteagle.errors import FastEagleError
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.packing import PackedLinear, WeightCopy, copy_class, pack_linears
-from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree, product_fits
+from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree, per_depth_k, product_fits
 
 COMPACT_VOCAB_KEY = "compact_vocab_ids"  # the tensor in model.safetensors that holds `compact_vocab`
 
@@ -510,11 +510,11 @@ class CascadedDrafter(nn.Module):
         wanted = self.tree_on_device
         if wanted is None:
             wanted = self.mode() == "graph" and device_tree_wanted()
-        ks = self._depth_ks(self.active_layers)
-        ks = [ks] * self.active_layers if isinstance(ks, int) else ks
-        if not wanted or self.tree_shape != "product" or not product_fits(ks, self.active_layers, self.tree_budget):
+        n = self.active_layers
+        ks = per_depth_k(self._depth_ks(n), n, self._max_k())
+        if not wanted or self.tree_shape != "product" or not product_fits(ks, n, self.tree_budget):
             return None
-        return tuple(min(max(int(k), 1), self._max_k()) for k in ks), self.tree_budget
+        return tuple(ks), self.tree_budget
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:

@@ -119,7 +119,7 @@ class DraftStep:
         tree = None
         if self.tree_spec is not None:
             ks, budget = self.tree_spec
-            t = product_fixed(ids[0].index_select(0, last), tokens, top_p, list(ks), budget)
+            t = product_fixed(ids[0].index_select(0, last), tokens, top_p, ks, budget)
             tree = (t.tokens, t.parents, t.depths, t.draft_probs, t.sources, t.ancestors)
         return rows, torch.stack([top_p, tokens.float()]), tree  # token ids < 2**24 are exact as floats
 

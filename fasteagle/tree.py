@@ -115,7 +115,7 @@ def backbone(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: li
     """
     dev = topk_ids.device
     n_depth, kmax = topk_ids.shape
-    ks_t = torch.as_tensor([ks] * n_depth if isinstance(ks, int) else ks, device=dev)[:n_depth].clamp(1, kmax)
+    ks_t = torch.as_tensor(per_depth_k(ks, n_depth, kmax), device=dev)
     reach = torch.cumprod(torch.cat([torch.ones(1, device=dev), topk_probs[:, 0].float()]), 0)[:n_depth]
     score = reach[:, None] * topk_probs.float()  # (N, kmax); column 0 is the backbone
     allowed = torch.arange(kmax, device=dev)[None] < ks_t[:, None]
@@ -159,7 +159,7 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
     """
     dev = topk_ids.device
     n_depth, kmax = topk_ids.shape
-    k_at = [min(max(int(k), 1), kmax) for k in ([ks] * n_depth if isinstance(ks, int) else ks)[:n_depth]]
+    k_at = per_depth_k(ks, n_depth, kmax)
     n_keep = max(0, budget - 1)
     if n_keep == 0 or not k_at:
         return root_only(root, dev)
@@ -191,11 +191,18 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
                      torch.tensor([0] + [k[0] + 1 for k in kept], device=dev))
 
 
+def per_depth_k(ks: list[int] | int, n_depth: int, kmax: int | None = None) -> list[int]:
+    """Candidates per depth, one int for all or one per depth (a shorter list drafts fewer depths),
+    each at least 1 and at most `kmax`, the top-k's width."""
+    k_at = [max(int(k), 1) for k in ([ks] * n_depth if isinstance(ks, int) else ks)[:n_depth]]
+    return k_at if kmax is None else [min(k, kmax) for k in k_at]
+
+
 def product_fits(ks: list[int] | int, n_depth: int, budget: int) -> bool:
     """Whether the top-k lists hold at least `budget - 1` paths, so `product_fixed` fills every node."""
     paths, total = 1, 0
-    for k in ([ks] * n_depth if isinstance(ks, int) else list(ks)[:n_depth]):
-        paths *= max(int(k), 1)
+    for k in per_depth_k(ks, n_depth):
+        paths *= k
         total += min(paths, budget - 1)
     return budget >= 2 and total >= budget - 1
 
@@ -216,7 +223,7 @@ def product_fixed(root: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.
     dev = topk_ids.device
     n_depth, kmax = topk_ids.shape
     w = budget - 1
-    k_at = [min(max(int(k), 1), kmax) for k in ([ks] * n_depth if isinstance(ks, int) else ks)[:n_depth]]
+    k_at = per_depth_k(ks, n_depth, kmax)
     col = torch.arange(kmax, device=dev)
     logp = topk_probs.double().clamp_min(1e-30).log()
     logp = logp.masked_fill(torch.stack([col >= k for k in k_at]), -math.inf)
