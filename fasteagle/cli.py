@@ -94,7 +94,7 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         path = path or getattr(args, "drafter" if method == "fasteagle" else "eagle3_drafter", None) or default
         d = cls.load(path, target.model, getattr(args, "draft_int8", None))
         if getattr(args, "tree_k", None) is not None:
-            ks = [int(x) for x in str(args.tree_k).split(",")]
+            ks = parse_tree_k(args.tree_k)
             d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         d.tree_budget = args.tree_budget
         if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
@@ -105,6 +105,17 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
             d.shrink_vocab()
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def parse_tree_k(text) -> list[int]:
+    """`--tree-k`: one top-k for every depth, or one per depth ("8,4,2"), each at least 1."""
+    try:
+        ks = [int(x) for x in str(text).replace(" ", "").split(",")]
+    except ValueError:
+        raise FastEagleError(f"--tree-k must be an integer or a comma list like 8,4,2 (got {text!r})") from None
+    if any(k < 1 for k in ks):
+        raise FastEagleError(f"every --tree-k value must be at least 1 (got {text!r})")
+    return ks
 
 
 def full_vocab_wanted(args, device) -> bool:
@@ -419,9 +430,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_args(args) -> None:
+    """Settings that can be wrong fail before the model loads, not after."""
+    if getattr(args, "tree_k", None) is not None:
+        parse_tree_k(args.tree_k)
+    if hasattr(args, "temperature"):
+        from fasteagle.verify import SamplingParams
+
+        SamplingParams(args.temperature, getattr(args, "top_p", 1.0))
+    if getattr(args, "max_new_tokens", 1) < 1:
+        raise FastEagleError("--max-new-tokens must be at least 1")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_args(args)
         return args.func(args)
     except FastEagleError as exc:
         print(f"error: {exc}", file=sys.stderr)

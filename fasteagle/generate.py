@@ -16,7 +16,7 @@ import torch
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import ContextOverflowError, KVCache
 from fasteagle.target import Target
-from fasteagle.tree import DraftTree, make_tree, path_tree, root_only
+from fasteagle.tree import DraftTree, make_tree, path_tree, root_only, select
 from fasteagle.verify import SamplingParams, Verdict, tree_forward, verify
 
 
@@ -114,6 +114,11 @@ def generate(
     emitted) or exactly at `max_new_tokens`.
     """
     sampling = sampling or SamplingParams()
+    if input_ids.dim() != 1 or input_ids.numel() == 0:
+        raise FastEagleError(f"input_ids must be a non-empty 1-D tensor of token ids (got shape "
+                             f"{tuple(input_ids.shape)})")
+    if max_new_tokens < 1:
+        raise FastEagleError("max_new_tokens must be at least 1")
     model, dev = target.model, target.device
     stop_ids = target.stop_ids() if stop_ids is None else stop_ids
     max_pos = getattr(model.config, "max_position_embeddings", None) or 1 << 30
@@ -123,8 +128,6 @@ def generate(
             f"context too long: {input_ids.numel()} prompt + {max_new_tokens} new tokens exceed the model's "
             f"{max_pos} positions"
         )
-    if max_new_tokens < 1:
-        raise FastEagleError("max_new_tokens must be at least 1")
     if input_ids.numel() + max_new_tokens - 1 > capacity:  # the last token never enters the cache
         raise ContextOverflowError(
             f"context too long: {input_ids.numel()} prompt + {max_new_tokens} new tokens exceed the cache "
@@ -180,7 +183,7 @@ def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, 
     dev = next(model.parameters()).device
     t0 = time.perf_counter()
     tree = drafter.draft(root) if drafter else root_only(root, dev)
-    tree = _fit(tree, capacity - cache.length)
+    tree = _fit(_shallow(tree, max_new_tokens - generated - 1), capacity - cache.length)
     # No device sync here or after `extend`: a drafter that builds its tree on the GPU (a CUDA graph)
     # lets the host queue the target's forward while the GPU drafts. So on a GPU draft_ms is what the
     # host spent or waited for, and the draft's GPU time the forward did not hide counts as verify_ms.
@@ -206,6 +209,16 @@ def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, 
         path=verdict.path.tolist(), generated=generated + len(new), forwards=forwards + 1, finished=finished,
         bonus=verdict.bonus,
     )
+
+
+def _shallow(tree: DraftTree, max_depth: int) -> DraftTree:
+    """Drop nodes deeper than the tokens still to emit (the bonus token covers the last one): they
+    could never count, and their positions could pass the model's last one, where a dynamic RoPE
+    would rescale the whole forward. Only the last steps can have such nodes, so only they read
+    the depths back."""
+    if tree.size - 1 <= max_depth:
+        return tree
+    return select(tree, tree.depths <= max_depth)
 
 
 def _fit(tree: DraftTree, room: int) -> DraftTree:

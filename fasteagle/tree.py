@@ -76,6 +76,17 @@ def make_tree(tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Te
     return DraftTree(tokens, parents, depths, draft_probs.float(), sources, ancestors)
 
 
+def select(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
+    """The nodes where `keep` (T,) is true, in order, with parents renumbered; `keep` must hold
+    every kept node's parent (e.g. every node up to some depth)."""
+    idx = keep.nonzero().squeeze(1)
+    new_index = keep.long().cumsum(0) - 1
+    parents = tree.parents[idx]
+    parents = torch.where(parents < 0, parents, new_index[parents.clamp(min=0)])
+    return DraftTree(tree.tokens[idx], parents, tree.depths[idx], tree.draft_probs[idx], tree.sources[idx],
+                     tree.ancestors[idx][:, idx])
+
+
 def root_only(root: int, device: torch.device | str = "cpu") -> DraftTree:
     """The one-node tree of plain decoding."""
     return make_tree(torch.tensor([root], device=device), torch.tensor([-1], device=device))

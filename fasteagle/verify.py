@@ -9,10 +9,12 @@ candidate is a deterministic (one-hot) draft, so this is exact speculative sampl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import KVCache, attention_mask
 from fasteagle.tree import DraftTree
 
@@ -23,6 +25,12 @@ NEVER_REACHED, ACCEPTED, REJECTED = 0, 1, 2
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+
+    def __post_init__(self):
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise FastEagleError(f"temperature must be a finite number >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise FastEagleError(f"top-p must be in (0, 1] (got {self.top_p})")
 
     @property
     def greedy(self) -> bool:

@@ -16,7 +16,7 @@ from fasteagle.errors import FastEagleError
 from fasteagle.generate import StepTrace, chat_prompt_ids, generate, run
 from fasteagle.kvcache import ContextOverflowError
 from fasteagle.lookup import LookupDrafter
-from fasteagle.tree import DraftTree
+from fasteagle.tree import DraftTree, select
 from fasteagle.verify import ACCEPTED, SamplingParams
 from tests.conftest import TINY_VOCAB, tiny_target
 from tests.drafters import OracleDrafter, RandomDrafter, one_thread
@@ -234,12 +234,12 @@ def test_max_new_tokens_is_exact(tiny, n):
         assert out == ref[:n] and len(out) == n
         assert traces[-1].finished == "length" and traces[-1].generated == n
         assert all(tr.finished is None for tr in traces[:-1])
-    # with the deep oracle the last step accepted more than the room left: it was clipped
+    # the deep oracle drafts 8 deep, but the last tree only reaches the tokens left: nothing is clipped
     out, traces = run(tiny, ids, drafter=_deep_oracle(ref), max_new_tokens=n)
     if n == 1:
         assert len(traces) == 1 and traces[0].forwards == 0
     else:
-        assert len(traces[-1].path) > len(traces[-1].tokens)
+        assert len(traces[-1].path) == len(traces[-1].tokens) and len(traces[-1].path) < 9
     for params in (SamplingParams(0.8, 0.9), SamplingParams(1.0)):
         out, _ = run(tiny, ids, drafter=_deep_oracle(ref), max_new_tokens=n, sampling=params, seed=n,
                      stop_ids=set())
@@ -254,6 +254,57 @@ def test_bad_max_new_tokens(tiny):
 def test_empty_prompt(tiny):
     with pytest.raises(FastEagleError, match="empty"):
         chat_prompt_ids(tiny, "  ")
+
+
+@pytest.mark.parametrize("ids", [torch.zeros(0, dtype=torch.long), torch.tensor([[1, 5, 7]])])
+def test_input_ids_must_be_one_non_empty_row(tiny, ids):
+    with pytest.raises(FastEagleError, match="1-D"):
+        run(tiny, ids, max_new_tokens=4)
+
+
+def test_no_tree_node_is_deeper_than_the_tokens_left(tiny):
+    """A node below the tokens still to emit can never count: the last steps draft shallower trees."""
+    ids = tiny_prompt(3)
+    ref = vanilla(tiny, ids, 20)
+    out, traces = run(tiny, ids, drafter=_deep_oracle(ref), max_new_tokens=20)
+    assert out == ref
+    for before, tr in zip(traces, traces[1:]):
+        assert max(tr.tree["depths"]) <= 20 - before.generated - 1
+        assert all(0 <= p < i for i, p in enumerate(tr.tree["parents"]) if i)
+    assert max(traces[-1].tree["depths"]) < max(traces[1].tree["depths"])
+
+
+def test_greedy_lossless_up_to_the_models_last_position_with_dynamic_rope():
+    """A dynamic RoPE rescales a whole forward once any position passes max_position_embeddings: a
+    tree reaching past the model's last position would change the accepted rows' keys too."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fasteagle.target import Target
+    from tests.conftest import tiny_tokenizer
+
+    torch.manual_seed(1)
+    max_pos = 64
+    cfg = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_pos,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(10)
+            layer.self_attn.k_proj.weight.mul_(10)
+    target = Target(model=model, tokenizer=tiny_tokenizer(), name="tiny-dynamic-rope")
+    for seed in range(4):
+        ids = tiny_prompt(seed)
+        n = max_pos - ids.numel()  # the reply fills the model's positions
+        ref = run(target, ids, max_new_tokens=n, stop_ids=set())[0]
+        drafter = OracleDrafter(ref, TINY_VOCAB, depth=8, corrupt=0.3, seed=seed)
+        out, traces = run(target, ids, drafter=drafter, max_new_tokens=n, stop_ids=set())
+        assert out == ref, f"seed {seed}"
+        for before, tr in zip(traces, traces[1:]):  # the deepest node's position stays below max_pos
+            assert ids.numel() + before.generated - 1 + max(tr.tree["depths"]) < max_pos
 
 
 # -- context overflow --------------------------------------------------------------------------------
@@ -315,8 +366,10 @@ def test_step_traces_are_consistent_and_round_trip_json(tiny):
     for i, tr in enumerate(traces[1:], start=1):
         tree = tr.draft_tree()
         assert isinstance(tree, DraftTree)
-        assert torch.equal(tree.tokens, drafter.trees[i - 1].tokens)
-        assert torch.equal(tree.ancestors, drafter.trees[i - 1].ancestors)
+        drafted = drafter.trees[i - 1]  # the verified tree: the drafted one, to the depth of the tokens left
+        drafted = select(drafted, drafted.depths <= 40 - generated - 1)
+        assert torch.equal(tree.tokens, drafted.tokens)
+        assert torch.equal(tree.ancestors, drafted.ancestors)
         assert tr.step == i and tr.forwards == i
         assert len(tr.status) == len(tr.target_probs) == tree.size
         assert [j for j, s in enumerate(tr.status) if s == ACCEPTED] == tr.path

@@ -8,6 +8,7 @@ import torch
 from fasteagle.generate import run
 from fasteagle.hybrid import LOOKUP_SOURCE, WithLookup
 from fasteagle.lookup import LookupDrafter
+from fasteagle.tree import select
 from tests.conftest import TINY_VOCAB
 from tests.drafters import OracleDrafter, RandomDrafter, one_thread
 from tests.test_generate import targets, tiny_prompt, vanilla  # noqa: F401  (fixture)
@@ -32,8 +33,10 @@ def test_greedy_lossless_with_lookup(targets, shape, depth, k, budget):  # noqa:
                 out, traces = run(target, ids, drafter=WithLookup(inner), max_new_tokens=64)
                 assert out == ref, f"{type(inner).__name__} + lookup differs from vanilla ({name}, seed {seed})"
                 from_lookup += lookup_accepts(traces)
-                for tr in traces[1:]:  # every tree holds the inner drafter's tree as its first nodes
-                    assert len(tr.tree["tokens"]) >= inner.trees[tr.step - 1].size
+                for before, tr in zip(traces, traces[1:]):  # every tree holds the inner drafter's tree
+                    drafted = inner.trees[tr.step - 1]  # to the depth of the tokens left
+                    drafted = select(drafted, drafted.depths <= 64 - before.generated - 1)
+                    assert tr.tree["tokens"][:drafted.size] == drafted.tokens.tolist()
     assert from_lookup > 0  # the tiny random model repeats itself: lookup's own branches get accepted
 
 

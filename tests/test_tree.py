@@ -19,6 +19,7 @@ from fasteagle.tree import (
     product_fits,
     product_fixed,
     root_only,
+    select,
 )
 from tests.drafters import one_thread
 
@@ -99,6 +100,18 @@ def test_position_ids_are_depth_not_index():
     # a wide tree: node index and depth disagree almost everywhere
     tree = make_tree(torch.arange(6), torch.tensor([-1, 0, 0, 0, 0, 4]))
     assert tree.position_ids(7).tolist() == [[7, 8, 8, 8, 8, 9]]
+
+
+def test_select_renumbers_parents_and_keeps_the_mask():
+    # root 0; 1 and 2 under it; 3 under 1; 4 under 2; 5 under 3; keep depth <= 1 and node 4's branch
+    tree = make_tree(torch.tensor([10, 11, 12, 13, 14, 15]), torch.tensor([-1, 0, 0, 1, 2, 3]),
+                     torch.tensor([1.0, 0.5, 0.4, 0.3, 0.2, 0.1]), torch.tensor([0, 1, 1, 2, 2, 3]))
+    sub = select(tree, torch.tensor([True, True, True, False, True, False]))
+    assert sub.tokens.tolist() == [10, 11, 12, 14] and sub.parents.tolist() == [-1, 0, 0, 2]
+    assert sub.depths.tolist() == [0, 1, 1, 2] and sub.sources.tolist() == [0, 1, 1, 2]
+    assert torch.allclose(sub.draft_probs, torch.tensor([1.0, 0.5, 0.4, 0.2]))
+    ref = make_tree(sub.tokens, sub.parents)
+    assert torch.equal(sub.ancestors, ref.ancestors)
 
 
 def test_root_only():

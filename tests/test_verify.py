@@ -16,6 +16,7 @@ import torch
 from scipy.stats import chi2
 
 from fasteagle import verify as V
+from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import KVCache
 from fasteagle.tree import make_tree, path_tree, root_only
 from fasteagle.verify import (
@@ -49,6 +50,13 @@ def ref_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> t
         p = torch.zeros_like(p).scatter(-1, order, sp * keep)
         p = p / p.sum(-1, keepdim=True)
     return p
+
+
+@pytest.mark.parametrize("temperature,top_p", [(-0.1, 1.0), (float("nan"), 1.0), (float("inf"), 1.0), (0.7, 0.0),
+                                               (0.7, -1.0), (0.7, 1.5), (0.7, float("nan"))])
+def test_bad_sampling_settings_are_one_line_errors(temperature, top_p):
+    with pytest.raises(FastEagleError, match="temperature|top-p"):
+        SamplingParams(temperature, top_p)
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.5, 1.0), (1.3, 0.9), (0.7, 0.5), (1.0, 0.01)])
