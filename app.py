@@ -7,7 +7,7 @@ path, step by step, next to plain (vanilla) decoding of the same prompt.
 Environment: FASTEAGLE_TARGET (default: the embedded SmolLM2-135M-Instruct), FASTEAGLE_DRAFTER
 (FastEagle drafter dir, default assets/drafters/smollm2-135m-fasteagle), FASTEAGLE_EAGLE3_DRAFTER,
 FASTEAGLE_DEVICE / FASTEAGLE_DTYPE, FASTEAGLE_PRECOMPUTE=1 (decode first, then animate: what the
-app does on ZeroGPU, where the `spaces` package is importable), GRADIO_SERVER_PORT / _NAME.
+app does on ZeroGPU, which Spaces mark with SPACES_ZERO_GPU), GRADIO_SERVER_PORT / _NAME.
 
 The app is thin: decoding is `fasteagle.generate.generate`, pictures are `viz`.
 """
@@ -19,6 +19,7 @@ import html
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -41,10 +42,11 @@ from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES  # noqa: E402
 from fasteagle.verify import SamplingParams  # noqa: E402
 from viz.tokens import spans_from_json, spans_to_json  # noqa: E402
 
-try:  # Hugging Face ZeroGPU: the GPU exists only inside functions decorated with spaces.GPU
-    import spaces  # type: ignore
-except ImportError:
-    spaces = None
+# Hugging Face ZeroGPU, where the GPU exists only inside functions decorated with spaces.GPU. Spaces
+# set SPACES_ZERO_GPU there; `spaces` can be importable on other hardware too, where it must not count.
+spaces = None
+if os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true", "yes"):
+    import spaces  # type: ignore  # noqa: E402
 
 log = logging.getLogger("fasteagle.app")
 
@@ -208,12 +210,29 @@ def _timed(gen: Iterator) -> Iterator[tuple[Any, float]]:
         yield item, spent
 
 
+def _fits(m: MethodSpec, target: Target) -> MethodSpec:
+    """The method, marked unavailable when its drafter was trained for another target (read from its
+    config, no weights loaded): the app then says so once at startup, not at every run."""
+    if not m.available or m.drafter_dir is None:
+        return m
+    from fasteagle.drafter import check_fingerprint, read_config
+
+    try:
+        check_fingerprint(read_config(m.drafter_dir)[1], target.model)
+    except FastEagleError as exc:
+        return MethodSpec(m.label, m.key, m.drafter_dir, False,
+                          f"the {m.label} drafter at `{_shown(m.drafter_dir)}` does not fit {target.name}: {exc}. "
+                          "Point FASTEAGLE_DRAFTER / FASTEAGLE_EAGLE3_DRAFTER at one trained for it, or train "
+                          "one with `python -m fasteagle train`.")
+    return m
+
+
 class Engine:
     """The loaded target plus a cache of drafters; every decode goes through here."""
 
     def __init__(self, target: Target, drafter_dir: Path | None = None, eagle3_dir: Path | None = None):
         self.target = target
-        self.methods = method_specs(drafter_dir, eagle3_dir)
+        self.methods = [_fits(m, target) for m in method_specs(drafter_dir, eagle3_dir)]
         self._drafters: dict[tuple, Any] = {}
         self._default_k: dict[tuple, Any] = {}  # each drafter's own top-k, for requests that leave it empty
         tok = target.tokenizer
@@ -239,6 +258,8 @@ class Engine:
         tid = int(tid)
         if tid not in self._label_cache:
             tok = self.target.tokenizer
+            if not 0 <= tid < len(tok):  # only a replayed file from another model holds these
+                return f"⟨{tid}⟩"
             text = tok.decode([tid], skip_special_tokens=False)
             if "\ufffd" in text:
                 text = str(tok.convert_ids_to_tokens(tid))
@@ -261,8 +282,10 @@ class Engine:
             budget = int(tree_budget)
             seed_i = int(seed or 0)
             temp = float(temperature or 0.0)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise FastEagleError("max new tokens, node budget and seed must be numbers") from None
+        if not 0 <= seed_i < 2**63:
+            raise FastEagleError("the seed must be between 0 and 2**63 - 1")
         if not 1 <= max_new <= MAX_NEW_TOKENS:
             raise FastEagleError(f"max new tokens must be between 1 and {MAX_NEW_TOKENS}")
         if not 0.0 <= temp <= 2.0:
@@ -283,9 +306,14 @@ class Engine:
         return Request(prompt, self.method(method), temp, max_new, tuple(ks), budget, seed_i, shape)
 
     def prompt_ids(self, req: Request) -> torch.Tensor:
+        """The prompt's token ids, checked against the app's and the model's limits before any work."""
         ids = chat_prompt_ids(self.target, req.prompt)
         if ids.numel() > MAX_PROMPT_TOKENS:
             raise FastEagleError(f"the prompt is too long: {ids.numel()} tokens (at most {MAX_PROMPT_TOKENS})")
+        max_pos = getattr(self.target.model.config, "max_position_embeddings", None)
+        if max_pos and ids.numel() + req.max_new_tokens > max_pos:
+            raise FastEagleError(f"context too long: {ids.numel()} prompt + {req.max_new_tokens} new tokens exceed "
+                                 f"the model's {max_pos} positions; shorten the prompt or lower max new tokens")
         return ids
 
     def drafter(self, req: Request):
@@ -402,18 +430,28 @@ def summary_markdown(method: str, spec: dict, van: dict | None) -> str:
              " / ".join(ms(spec[k]) for k in ("prefill_ms", "draft_ms", "verify_ms", "other_ms")),
              " / ".join(ms(van[k]) for k in ("prefill_ms", "draft_ms", "verify_ms", "other_ms")) if van else "–")]
     lines = [f"| | {method} | vanilla |", "|---|---:|---:|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    if van and spec["wall_s"] > 0:
-        speed = van["wall_s"] / spec["wall_s"]
-        head = f"### Speed-up: **{speed:.2f}×** (vanilla wall time / speculative wall time)"
+    if van and van["tokens_per_s"] > 0:  # per token: the two replies may differ in length when sampling
+        speed = spec["tokens_per_s"] / van["tokens_per_s"]
+        head = f"### Speed-up: **{speed:.2f}×** (speculative tokens/s ÷ vanilla tokens/s)"
+        if spec["tokens"] != van["tokens"]:
+            head += f"\n\nThe replies differ in length ({spec['tokens']} and {van['tokens']} tokens)."
     else:
         head = "### Speculative decode only (no vanilla run in this trace)"
     return head + "\n\n" + "\n".join(lines)
 
 
+def _code(text: str) -> str:
+    """`text` as a Markdown code span, also when it holds backticks (a fence longer than any run of them)."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def step_markdown(tr: dict, label_decode: Callable[[list[int]], str], n_steps: int) -> str:
     toks = tr.get("tokens") or []
     depths = tr.get("token_depths") or []
-    parts = [f"`{viz.token_label(label_decode([t]), 16)}`" + (" (bonus)" if d == 0 else f" (d{d})")
+    parts = [_code(viz.token_label(label_decode([t]), 16)) + (" (bonus)" if d == 0 else f" (d{d})")
              for t, d in zip(toks, depths)]
     return (f"**Step {tr.get('step', 0)} of {n_steps - 1}** emitted {len(toks)} token(s): " + ", ".join(parts)
             + (f" · finished: {tr['finished']}" if tr.get("finished") else ""))
@@ -516,6 +554,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
             v_sum = (van.get("summary") or viz.summarize(van["traces"])) if van else None
             traces = spec["traces"]
             n = len(traces)
+            height = _run_tree_height(run)
             upd = {
                 spec_stats: _fmt_stats("speculative", traces[-1], s_sum["wall_s"], mlabel),
                 spec_reply: viz.spans_html(spans_from_json(spec.get("spans") or [])),
@@ -523,7 +562,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 hist_plot: viz.acceptance_histogram(traces),
                 depth_plot: viz.depth_acceptance_chart(traces),
                 time_plot: viz.time_split_chart({mlabel: s_sum} | ({"vanilla": v_sum} if v_sum else {})),
-                tree_plot: viz.tree_figure(traces[-1], label),
+                tree_plot: viz.tree_figure(traces[-1], label, min_height=height),
                 step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, step=1, interactive=True),
                 step_info: step_markdown(traces[-1], label, n),
                 run_state: run,
@@ -540,7 +579,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 upd[badge] = '<div class="badge info">no vanilla decode in this trace</div>'
             return upd
 
-        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape=DEFAULT_TREE_SHAPE):
+        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape=DEFAULT_TREE_SHAPE,
+                   previous=None):
             try:
                 req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape)
                 ids = engine.prompt_ids(req)
@@ -566,7 +606,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 builders = {"speculative": viz.SpanBuilder(engine.decode_text),
                             "vanilla": viz.SpanBuilder(engine.decode_text)}
                 record = {"speculative": {"traces": [], "elapsed": []}, "vanilla": {"traces": [], "elapsed": []}}
-                last_frame = 0.0
+                last_frame, tree_height = 0.0, 0  # the tree's figure grows with the run, never shrinks
                 for side, tr, spent in events:
                     record[side]["traces"].append(tr)
                     record[side]["elapsed"].append(spent)
@@ -576,9 +616,11 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                         continue
                     last_frame = now
                     if side == "speculative":
+                        fig = viz.tree_figure(tr, engine.label_decode, min_height=tree_height)
+                        tree_height = fig.layout.height
                         yield {spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
                                spec_reply: viz.spans_html(builders[side].spans),
-                               tree_plot: viz.tree_figure(tr, engine.label_decode)}
+                               tree_plot: fig}
                     else:
                         yield {van_stats: _fmt_stats("vanilla", tr, spent),
                                van_reply: viz.spans_html(builders[side].spans, legend=False)}
@@ -608,7 +650,9 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                     log.exception("decoding failed")
                     msg = f"decoding failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 gr.Warning(msg)
-                yield {badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
+                # the screen shows the previous run again (still replayable and downloadable), under the error
+                restored = finish(previous, _run_labeler(previous)) if previous else {}
+                yield restored | {badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
 
         def _live(ids, drafter, req):
             for side, d in (("speculative", drafter), ("vanilla", None)):
@@ -632,7 +676,20 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
             except (TypeError, ValueError):
                 return gr.skip(), gr.skip()
             label = _run_labeler(run)
-            return viz.tree_figure(traces[i], label), step_markdown(traces[i], label, len(traces))
+            try:
+                return (viz.tree_figure(traces[i], label, min_height=_run_tree_height(run)),
+                        step_markdown(traces[i], label, len(traces)))
+            except Exception as exc:  # an uploaded file odd in a way its check missed: say so, keep the app
+                log.exception("drawing step %d failed", i)
+                gr.Warning(f"cannot draw step {i}: {type(exc).__name__}")
+                return gr.skip(), gr.skip()
+
+        def _run_tree_height(run) -> int:
+            """The tallest step's tree height: every step of a run is drawn that tall, so the page below
+            the tree stays put while the slider moves. Kept in the run state (not in its file)."""
+            if type(run.get("_tree_height")) is not int:
+                run["_tree_height"] = max(viz.tree_height(tr) for tr in run["sides"]["speculative"]["traces"])
+            return run["_tree_height"]
 
         def _run_labeler(run):
             table = run.get("token_labels") or {}
@@ -659,9 +716,10 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
 
         method.change(lambda label: default_budget(engine.method(label).key, on_gpu), method, budget,
                       api_name=False)
-        run_btn.click(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed, tree_shape], all_outputs,
+        run_inputs = [prompt, method, temperature, max_new, tree_k, budget, seed, tree_shape, run_state]
+        run_btn.click(on_run, run_inputs, all_outputs,
                       api_name="run", concurrency_limit=1, concurrency_id="decode")
-        prompt.submit(on_run, [prompt, method, temperature, max_new, tree_k, budget, seed, tree_shape], all_outputs,
+        prompt.submit(on_run, run_inputs, all_outputs,
                       api_visibility="private", concurrency_limit=1, concurrency_id="decode")
         step_slider.change(on_step, [step_slider, run_state], [tree_plot, step_info], api_name="replay_step",
                            queue=False, show_progress="hidden")

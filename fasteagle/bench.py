@@ -472,7 +472,7 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_ne
     time_one(target, encoded[0], "draft", drafter, 8, SamplingParams(), seed)  # warmup
     replayed = []  # (tree, path, the nodes lookup proposed) per step, the prefill left out
     for ids in tqdm(encoded, desc="auto tree: replay decode"):
-        replayed += [step[:3] for step in _recorded_steps(target, drafter, ids, max_new, seed)]
+        replayed += [step[:3] for step in _recorded_steps(target, drafter, ids, max_new, seed) if step[4]]
     outcomes = {b: [replay_budget(tree, path, b, lookup, sizes=True) for tree, path, lookup in replayed]
                 for b in budgets}
     per_step = {b: statistics.fmean(n + 1 for n, _ in outcomes[b]) for b in budgets}
@@ -504,16 +504,16 @@ def budget_curve(target: Target, drafter, prompts: list[dict], budgets, max_new:
     one greedy decode of each prompt at the largest budget, every smaller budget replayed from it
     (`replay_budget`, exact for greedy), so the curve costs one decode and has no timing in it.
     It says what a bigger tree buys where verifying it costs little more than a small one (a GPU).
-    `decoded` is the tau the decode itself measured (its last step cut at `max_new`, as in `compare`):
-    the replay counts that step whole, and a decode at a smaller budget would visit other positions,
-    so read the curve to a few hundredths."""
+    `decoded` is the tau the decode itself measured (its last steps draft no deeper than the tokens
+    left, as in `compare`): the replay leaves those steps out, and a decode at a smaller budget would
+    visit other positions, so read the curve to a few hundredths."""
     budgets = sorted(set(budgets))
     drafter.tree_budget = budgets[-1]
     steps: dict[str, list] = {}
     emitted: dict[str, list] = {}  # tokens each step of the decode emitted (the last one cut at max_new)
     for p in tqdm(prompts, desc="budget curve", unit="prompt"):
         recorded = _recorded_steps(target, drafter, chat_prompt_ids(target, p["text"]), max_new, seed)
-        steps.setdefault(p["category"], []).extend(step[:3] for step in recorded)
+        steps.setdefault(p["category"], []).extend(step[:3] for step in recorded if step[4])
         emitted.setdefault(p["category"], []).extend(step[3] for step in recorded)
     if len(steps) > 1:
         steps["all"] = [s for rec in list(steps.values()) for s in rec]
@@ -541,17 +541,20 @@ def _budget_curve_table(doc: dict) -> str:
 
 
 def _recorded_steps(target: Target, drafter, ids: torch.Tensor, max_new: int, seed: int) -> list[tuple]:
-    """One greedy decode for replay: (tree, path, nodes lookup proposed, tokens emitted) per decode step.
-    The lookup nodes are empty unless the drafter is joined with lookup, whose tree of a step is
-    read as that step comes out (the next step replaces it)."""
-    recorded = []
+    """One greedy decode for replay: (tree, path, nodes lookup proposed, tokens emitted, whole) per
+    decode step. The lookup nodes are empty unless the drafter is joined with lookup, whose tree of a
+    step is read as that step comes out (the next step replaces it). `whole` is false for the last
+    steps, whose trees `generate` cut to the tokens left: a replay would count the length limit."""
+    recorded, room = [], []
     for s in generate(target, ids, drafter=drafter, max_new_tokens=max_new, seed=seed):
         if not s.tree:  # the prefill
             continue
         last = getattr(drafter, "last_lookup", None)
         recorded.append((s.tree, s.path, lookup_nodes(s.tree, last.to_dict()) if last is not None else set(),
                          len(s.tokens)))
-    return recorded
+        room.append(max_new - (s.generated - len(s.tokens)) - 1)  # the deepest node this step could keep
+    deepest = max((max(step[0]["depths"]) for step in recorded), default=0)
+    return [step + (r >= deepest,) for step, r in zip(recorded, room)]
 
 
 def lookup_nodes(tree: dict, lookup_tree: dict) -> set[int]:

@@ -605,9 +605,7 @@ class CascadedDrafter(nn.Module):
         files = sorted(path.glob("model*.safetensors"))
         if not (path / "config.json").exists() or not files:
             raise FastEagleError(f"no drafter at {path}: expected config.json and model.safetensors")
-        raw = json.loads((path / "config.json").read_text())
-        names = DrafterConfig.__dataclass_fields__
-        cfg = DrafterConfig(**{k: v for k, v in raw.items() if k in names})
+        raw, cfg = read_config(path)
         if cfg.kind != cls.KIND:
             raise FastEagleError(f"{path} holds a {cfg.kind!r} drafter, not a {cls.KIND!r} one")
         drafter = cls(cfg)
@@ -634,6 +632,16 @@ def load_drafter(path: str | Path, target_model: nn.Module | None = None, int8: 
     if cls is None:
         raise FastEagleError(f"{path} holds an unknown drafter kind {kind!r}")
     return cls.load(path, target_model, int8)
+
+
+def read_config(path: str | Path) -> tuple[dict, DrafterConfig]:
+    """A drafter directory's config.json, raw and as a DrafterConfig (without loading weights)."""
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+        names = DrafterConfig.__dataclass_fields__
+        return raw, DrafterConfig(**{k: v for k, v in raw.items() if k in names})
+    except (OSError, ValueError, TypeError) as exc:
+        raise FastEagleError(f"cannot read the drafter config at {path}: {exc}") from None
 
 
 def check_fingerprint(cfg: DrafterConfig, target_model: nn.Module) -> None:

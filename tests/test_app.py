@@ -111,6 +111,13 @@ def test_bad_inputs_warn_and_the_app_keeps_working(tiny_app, warnings):
             res = call_run(client, prompt, tree_k=k)
             assert all(unchanged(v) for v in res.values())
             assert fragment in warnings[-1], warnings
+        for seed in (2**70, -1):
+            assert all(unchanged(v) for v in call_run(client, "w7 w8", seed=seed).values())
+            assert "seed" in warnings[-1], warnings
+        # the tiny model has 512 positions: a too long context is refused before the screen changes
+        res = call_run(client, "w7 " * 500, max_new=64)
+        assert all(unchanged(v) for v in res.values())
+        assert "context too long" in warnings[-1] and "512 positions" in warnings[-1], warnings
         res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12)
         check_complete_run(res, 12)
 
@@ -138,7 +145,34 @@ def test_a_failure_mid_decode_warns_and_the_next_run_works(tiny_app, warnings, m
         assert warnings[-1] == "decoding failed: RuntimeError: boom"
         assert "decoding failed" in res["badge"] and "Traceback" not in res["badge"]
         monkeypatch.setattr(app, "generate", real)
+        good = call_run(client, "w9 w10 w11 w9 w10 w11", max_new=6)
+        monkeypatch.setattr(app, "generate", failing)
+        res = call_run(client, "w12 w13", max_new=6)  # fails after a good run: that run is shown again
+        assert "decoding failed" in res["badge"]
+        assert res["summary"] == good["summary"] and res["spec_reply"] == good["spec_reply"]
+        assert res["slider"]["interactive"] is True and res["download"] is not None
+        fig, info = client.predict(1, api_name="/replay_step")
+        assert "Step 1 of" in info
+        monkeypatch.setattr(app, "generate", real)
         check_complete_run(call_run(client, "w9 w10 w11 w9 w10 w11", max_new=6), 6)
+
+
+def test_the_speed_up_is_per_token():
+    """Sampled replies can differ in length: the headline compares tokens/s, and says so."""
+    spec = {"tokens": 40, "forwards": 20, "tau": 1.95, "wall_s": 2.0, "tokens_per_s": 20.0, "prefill_ms": 1,
+            "draft_ms": 1, "verify_ms": 1, "other_ms": 1}
+    van = spec | {"tokens": 16, "forwards": 15, "tau": 1.0, "wall_s": 1.0, "tokens_per_s": 16.0}
+    text = app.summary_markdown("lookup", spec, van)
+    assert "**1.25×**" in text and "differ in length (40 and 16 tokens)" in text
+    assert "differ in length" not in app.summary_markdown("lookup", spec, spec)
+
+
+@pytest.mark.parametrize("token", ["abc", "```", "a`b", "`x", " ``"])
+def test_tokens_with_backticks_stay_one_code_span(token):
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt().renderInline(app._code(token))
+    assert rendered == f"<code>{html.escape(token, quote=False)}</code>"
 
 
 def test_missing_drafter_is_explained(tiny, tmp_path):
@@ -151,10 +185,32 @@ def test_missing_drafter_is_explained(tiny, tmp_path):
     assert warning and "python -m fasteagle train" in warning[0].value
 
 
+def _banner(demo) -> str:
+    found = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "drafter-warning"]
+    return found[0].value if found else ""
+
+
+def test_a_drafter_for_another_target_is_refused_at_startup(tiny, tmp_path):
+    from fasteagle.drafter import CascadedDrafter, DrafterConfig
+    from tests.conftest import tiny_target
+
+    other = tiny_target(seed=5)  # same shapes, other weights: only the fingerprint tells them apart
+    CascadedDrafter(DrafterConfig.for_target(other.model, other.name, num_layers=2, intermediate=64)).save(
+        tmp_path / "fe")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config.json").write_text("{not json")
+    (tmp_path / "junk" / "model.safetensors").write_bytes(b"x")
+    for bad, fragment in ((tmp_path / "fe", "trained for tiny-llama-5"), (tmp_path / "junk", "cannot read")):
+        demo = app.build_app(tiny, drafter_dir=bad, eagle3_dir=tmp_path / "none")
+        assert [m.label for m in app.ENGINE.available] == ["lookup"]
+        assert "does not fit tiny-llama-0" in _banner(demo) and fragment in _banner(demo)
+
+
 def test_a_drafter_that_fails_to_load_warns(tiny, tmp_path, warnings):
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")
+    from fasteagle.drafter import CascadedDrafter, DrafterConfig
+
+    broken = tmp_path / "broken"  # a config that fits, weights that do not load
+    CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=2, intermediate=64)).save(broken)
     (broken / "model.safetensors").write_bytes(b"not a checkpoint")
     with served(app.build_app(tiny, drafter_dir=broken)) as client:
         res = call_run(client, "w7 w8", method="FastEagle")
@@ -170,8 +226,11 @@ def test_replay_steps_and_trace_files(tiny_app, warnings, tmp_path):
         traces = run["sides"]["speculative"]["traces"]
         fig, info = client.predict(1, api_name="/replay_step")
         assert "Step 1 of" in info
-        title = json.loads(fig["plot"])["layout"]["title"]["text"]
-        assert title.startswith("step 1:")
+        layout = json.loads(fig["plot"])["layout"]
+        assert layout["title"]["text"].startswith("step 1:")
+        # every step is drawn as tall as the run's tallest tree: the page does not jump while replaying
+        assert layout["height"] == json.loads(res["tree"]["plot"])["layout"]["height"] == max(
+            viz.tree_height(tr) for tr in traces)
         path_trace = [t for t in plot_data(fig) if t["name"] == viz.ACCEPTED_PATH][0]
         assert len(path_trace["x"]) == len(traces[1]["path"])
         # Upload the downloaded file: the same replies and badge come back, with no decoding.
@@ -179,7 +238,12 @@ def test_replay_steps_and_trace_files(tiny_app, warnings, tmp_path):
         assert back["badge"] == res["badge"] and back["spec_reply"] == res["spec_reply"]
         assert back["slider"]["maximum"] == res["slider"]["maximum"]
         # Invalid files warn and change nothing.
-        for i, content in enumerate(("not json at all", json.dumps({"format": "other"}), "")):
+        odd = json.loads(Path(res["download"]).read_text())
+        odd["sides"]["speculative"]["traces"][1]["target_probs"][0] = "x"
+        wide = json.loads(Path(res["download"]).read_text())
+        wide["sides"]["speculative"]["traces"][1]["tree"]["tokens"][0] = 10**12
+        for i, content in enumerate(("not json at all", json.dumps({"format": "other"}), "", json.dumps(odd),
+                                     json.dumps(wide))):
             bad = tmp_path / f"bad{i}.json"
             bad.write_text(content)
             out = client.predict(handle_file(str(bad)), api_name="/replay_file")
@@ -221,7 +285,8 @@ def test_trained_drafters_are_offered_and_draw_trees(tiny, tmp_path):
             run = check_complete_run(res, 10)
             assert run["meta"]["method"] == method and run["meta"]["tree_shape"] == shape
             trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
-            assert trees and all(1 < len(t["tokens"]) <= 6 for t in trees)
+            assert trees and all(len(t["tokens"]) <= 6 for t in trees)
+            assert all(len(t["tokens"]) > 1 for t in trees[:-1])  # the last may hold one token left: root only
             if shape == "backbone":  # the paper's tree: only a depth's first node (the spine) has children
                 assert all(t["depths"].index(t["depths"][p]) == p for t in trees for p in t["parents"][1:])
         # the cascade's tree stays within the budget; lookup's branches come on top, marked as lookup's
@@ -277,6 +342,7 @@ def test_default_model_end_to_end(smollm, random_drafter):
         run = check_complete_run(res, 8)
         assert run["meta"]["method_key"] == "fasteagle" and run["meta"]["target"] == smollm.name
         trees = [t["tree"] for t in run["sides"]["speculative"]["traces"][1:]]
-        assert all(1 < len(t["tokens"]) <= 8 for t in trees)  # real drafted trees within the budget
+        assert all(len(t["tokens"]) <= 8 for t in trees)  # real drafted trees within the budget
+        assert all(len(t["tokens"]) > 1 for t in trees[:-1])
         res = call_run(client, "Repeat after me: red green blue, red green blue.", method="lookup", max_new=8)
         check_complete_run(res, 8)

@@ -15,8 +15,10 @@ from viz.tree import (
     ACCEPTED,
     ACCEPTED_PATH,
     BONUS_NAME,
-    FOLD_ABOVE,
+    FOLD_ROWS,
     FOLDED_NAME,
+    FOLDED_REJECTED_NAME,
+    KEEP_REJECTED,
     LABEL_HEIGHT_PX,
     LOOKUP_NAME,
     LOOKUP_SOURCE,
@@ -24,6 +26,7 @@ from viz.tree import (
     MARKER_PX,
     NEVER_REACHED,
     REJECTED,
+    ROW_PX,
     VERDICT_COLORS,
     VERDICTS,
     figure_height,
@@ -68,6 +71,18 @@ def _crossings(lay) -> list:
             if a[0] == b[0] and (a[1] - b[1]) * (a[2] - b[2]) < 0]
 
 
+def _shared_elbows(lay) -> list:
+    """Pairs of parents in one column whose elbows (the vertical parts between two columns, from the
+    parent's row to its last child's) share rows: a child there could be read as the other's."""
+    spans: dict[int, list] = {}
+    for c, p in enumerate(lay.parents):
+        if p >= 0:
+            lo, hi = spans.setdefault(p, [lay.y[p], lay.y[p]])
+            spans[p] = [min(lo, lay.y[c]), max(hi, lay.y[c])]
+    return [(a, b) for a in spans for b in spans
+            if a < b and lay.x[a] == lay.x[b] and spans[a][0] <= spans[b][1] and spans[b][0] <= spans[a][1]]
+
+
 def test_layout_keeps_chains_on_one_row_and_packs_side_leaves():
     parents = backbone_step()["tree"]["parents"]
     lay = tree_layout(parents)
@@ -77,7 +92,15 @@ def test_layout_keeps_chains_on_one_row_and_packs_side_leaves():
     assert lay.rows == 3
     positions = list(zip(lay.x, lay.y))
     assert len(set(positions)) == len(positions)  # no two nodes in one place
-    assert not _crossings(lay)
+    assert not _crossings(lay) and not _shared_elbows(lay)
+
+
+def test_a_lower_parent_starts_below_the_children_of_the_one_above():
+    # root -> a, b; a -> a1, a2, a3 (leaves); b -> b1. Packed naively, b sits on row 1, inside a's elbow
+    # (rows 0-2), and b1 would seem to hang from a.
+    lay = tree_layout([-1, 0, 0, 1, 1, 1, 2])
+    assert lay.y[:3] == [0, 0, 3] and lay.y[3:] == [0, 1, 2, 3]
+    assert not _shared_elbows(lay)
 
 
 def test_layout_of_random_trees_has_no_collisions_or_crossings():
@@ -90,7 +113,7 @@ def test_layout_of_random_trees_has_no_collisions_or_crossings():
         lay = tree_layout(parents, bonus_parent=rng.randrange(n))
         positions = list(zip(lay.x, lay.y))
         assert len(set(positions)) == len(positions)
-        assert not _crossings(lay)
+        assert not _crossings(lay) and not _shared_elbows(lay)
         assert all(lay.x[c] == lay.x[p] + 1 and lay.y[c] >= lay.y[p] for c, p in enumerate(lay.parents) if p >= 0)
         leaves = sum(1 for i in range(len(lay.parents)) if i not in lay.parents)
         assert lay.rows == max(lay.y) + 1 <= leaves
@@ -172,15 +195,15 @@ def test_labels_never_overlap_and_height_grows_with_leaves():
     step = backbone_step()
     fig = tree_figure(step, decode)
     assert row_spacing_px(fig) >= LABEL_HEIGHT_PX + MARKER_PX  # a label fits between two rows' markers
-    # A wide tree: 60 side leaves under the root.
-    n = 61
+    # A wide tree: FOLD_ROWS - 1 side leaves under the root, the most that are drawn unfolded.
+    n = FOLD_ROWS
     wide = {"step": 1, "tokens": [9], "token_depths": [0], "tree": {
         "tokens": [7] + [8] * (n - 1), "parents": [-1] + [0] * (n - 1), "depths": [0] + [1] * (n - 1),
         "draft_probs": [1.0] * n, "sources": [0] + [1] * (n - 1)},
         "status": [1] + [2] * (n - 1), "target_probs": [1.0] * n, "path": [0]}
     big = tree_figure(wide, decode)
     assert big.layout.height > fig.layout.height
-    assert big.layout.height == figure_height(n)  # 60 leaves + the bonus node's own row
+    assert big.layout.height == figure_height(n)  # the leaves + the bonus node's own row
     assert row_spacing_px(big) >= LABEL_HEIGHT_PX + MARKER_PX
     ys = sorted(y for t in big.data if t.name in VERDICTS.values() for y in t.y)
     gaps = [b - a for a, b in zip(ys, ys[1:]) if b != a]
@@ -222,7 +245,7 @@ def big_step() -> dict:
 def test_big_trees_fold_their_never_reached_branches():
     step = big_step()
     n, status = len(step["status"]), step["status"]
-    assert n > FOLD_ABOVE
+    assert tree_layout(step["tree"]["parents"]).rows > FOLD_ROWS
     fig = tree_figure(step, decode)
     by_name = _node_traces(fig)
     folded = by_name[FOLDED_NAME]
@@ -234,10 +257,45 @@ def test_big_trees_fold_their_never_reached_branches():
     drawn = sorted(int(c[0]) for v in (ACCEPTED, REJECTED) for c in by_name[VERDICTS[v]].customdata)
     assert drawn == [i for i in range(n) if status[i] != NEVER_REACHED]
     assert [int(c[0]) for c in by_name[VERDICTS[ACCEPTED]].customdata] == step["path"]
-    assert "never-reached nodes folded" in fig.layout.title.text
+    assert f"{status.count(NEVER_REACHED)} never reached nodes folded" in fig.layout.title.text
+    assert FOLDED_REJECTED_NAME not in by_name  # short enough once the never-reached branches fold
     assert fig.layout.height < figure_height(tree_layout(step["tree"]["parents"]).rows)
     assert BONUS_NAME in by_name and row_spacing_px(fig) >= LABEL_HEIGHT_PX + MARKER_PX
     assert FOLDED_NAME not in _node_traces(tree_figure(backbone_step(), decode))  # small trees: every node
+
+
+def test_a_tree_still_too_tall_folds_its_surplus_rejected_leaves():
+    """A 192-node tree's accepted nodes may each have dozens of rejected children: past FOLD_ROWS rows
+    each parent keeps its KEEP_REJECTED most probable rejected leaves in sight."""
+    n_side = 40
+    parents = [-1, 0, 1] + [1] * n_side + [0] * 5  # root -> 1 -> 2 accepted; 40 rejected under 1, 5 under root
+    status = [ACCEPTED, ACCEPTED, ACCEPTED] + [REJECTED] * (n_side + 5)
+    n = len(parents)
+    probs = [1.0, 0.9, 0.8] + [0.01 * (k % 7) + 0.001 * k for k in range(n_side)] + [0.05] * 5
+    depths = [0, 1, 2] + [2] * n_side + [1] * 5
+    step = {"step": 2, "tokens": [8, 10, 15], "token_depths": [1, 2, 0],
+            "tree": {"tokens": [7 + j % 9 for j in range(n)], "parents": parents, "depths": depths,
+                     "draft_probs": probs, "sources": depths},
+            "status": status, "target_probs": [0.5] * n, "path": [0, 1, 2]}
+    fig = tree_figure(step, decode)
+    by_name = _node_traces(fig)
+    kept = sorted(int(c[0]) for c in by_name[VERDICTS[REJECTED]].customdata)
+    best = sorted(range(3, 3 + n_side), key=lambda i: -probs[i])[:KEEP_REJECTED]
+    assert kept == sorted(best + list(range(3 + n_side, n))[:KEEP_REJECTED])
+    folded = by_name[FOLDED_REJECTED_NAME]
+    assert sorted(folded.text) == sorted([f"+{n_side - KEEP_REJECTED}", f"+{5 - KEEP_REJECTED}"])
+    assert f"{n_side + 5 - 2 * KEEP_REJECTED} rejected nodes folded" in fig.layout.title.text
+    assert fig.layout.height <= figure_height(FOLD_ROWS)
+
+
+def test_a_figure_can_be_taller_than_its_tree_without_spreading_the_rows():
+    step = backbone_step()
+    own = tree_figure(step, decode)
+    assert own.layout.height == viz.tree_height(step) == figure_height(3)
+    tall = tree_figure(step, decode, min_height=900)
+    assert tall.layout.height == 900 and row_spacing_px(tall) == pytest.approx(ROW_PX, rel=0.02)
+    assert tree_figure(step, decode, min_height=10).layout.height == own.layout.height
+    assert viz.tree_height({"step": 0, "tokens": [7], "token_depths": [0], "tree": None}) == figure_height(0)
 
 
 def test_prefill_and_vanilla_steps_render():

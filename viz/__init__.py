@@ -21,11 +21,11 @@ from viz.tokens import (
     visible,
 )
 from viz.trace_io import TraceFileError, make_run_file, parse_run_file
-from viz.tree import ACCEPTED_PATH, VERDICT_COLORS, VERDICTS, empty_figure, tree_figure, tree_layout
+from viz.tree import ACCEPTED_PATH, VERDICT_COLORS, VERDICTS, empty_figure, tree_figure, tree_height, tree_layout
 
 __all__ = [
     "ACCEPTED_PATH", "BONUS", "Span", "SpanBuilder", "TraceFileError", "VERDICTS", "VERDICT_COLORS",
     "accepted_lengths", "acceptance_histogram", "color_map", "depth_acceptance", "depth_acceptance_chart",
     "depth_category", "empty_figure", "highlighted", "make_run_file", "parse_run_file", "spans_html", "summarize",
-    "time_split_chart", "token_label", "token_spans", "tree_figure", "tree_layout", "visible",
+    "time_split_chart", "token_label", "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -83,8 +84,9 @@ def acceptance_histogram(traces: Traces) -> go.Figure:
                            hovertemplate="%{y} steps accepted %{x} draft tokens<extra></extra>"))
     mean = sum(lengths) / len(lengths) if lengths else 0.0
     fig.update_xaxes(dtick=1)
-    # no τ here: the run's τ counts emitted tokens, and the last step's accepted drafts may be cut at
-    # max_new_tokens, so mean + 1 would disagree with the τ shown beside the reply
+    fig.update_yaxes(tick0=0, dtick=max(1, math.ceil(max(counts.values(), default=1) / 5)))  # whole steps
+    # no τ here: the run's τ counts emitted tokens, and a step's accepted drafts may be cut at a stop
+    # token, so mean + 1 would disagree with the τ shown beside the reply
     return _layout(fig, f"accepted draft tokens per step (mean {mean:.2f})",
                    "draft tokens accepted in the step", "steps")
 
@@ -92,7 +94,7 @@ def acceptance_histogram(traces: Traces) -> go.Figure:
 def depth_acceptance_chart(traces: Traces) -> go.Figure:
     rows = depth_acceptance(traces)
     fig = go.Figure(go.Bar(
-        x=[r["depth"] for r in rows], y=[r["rate"] for r in rows], marker_color="#6fbf6a",
+        x=[r["depth"] for r in rows], y=[r["rate"] for r in rows], marker_color=VERDICT_COLORS[ACCEPTED],
         text=[f"{r['accepted']}/{r['reached']}" for r in rows], textposition="outside",
         customdata=[[r["accepted"], r["reached"]] for r in rows],
         hovertemplate="depth %{x}: accepted in %{customdata[0]} of the %{customdata[1]} steps that reached it"

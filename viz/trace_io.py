@@ -4,6 +4,7 @@ them without the model (token labels, reply spans, settings, timings). Plain JSO
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,15 +26,35 @@ def make_run_file(meta: Mapping[str, Any], sides: Mapping[str, Mapping[str, Any]
             "token_labels": {str(k): v for k, v in token_labels.items()}}
 
 
+MAX_TOKEN_ID = 2**31 - 1
+SUMMARY_NUMBERS = ("tokens", "forwards", "tau", "wall_s", "tokens_per_s", "prefill_ms", "draft_ms", "verify_ms",
+                   "other_ms")  # what viz.charts.summarize gives and the app shows
+
+
+def _ints(values: Any, lo: int = 0, hi: int = MAX_TOKEN_ID) -> bool:
+    return isinstance(values, list) and all(type(v) is int and lo <= v <= hi for v in values)
+
+
+def _numbers(values: Any) -> bool:
+    return isinstance(values, list) and all(type(v) in (int, float) and math.isfinite(v) for v in values)
+
+
 def _check_trace(tr: Any, where: str) -> None:
+    """Every field the app draws from, with its type: a file that passes replays every step."""
     if not isinstance(tr, dict):
         raise TraceFileError(f"{where} is not an object")
     for key in ("step", "tokens", "token_depths"):
         if key not in tr:
             raise TraceFileError(f"{where} has no {key!r}")
-    if not isinstance(tr["tokens"], list) or not isinstance(tr["token_depths"], list) \
-            or len(tr["tokens"]) != len(tr["token_depths"]):
-        raise TraceFileError(f"{where}: 'tokens' and 'token_depths' must be lists of equal length")
+    if not _ints(tr["tokens"]) or not _ints(tr["token_depths"]) or len(tr["tokens"]) != len(tr["token_depths"]):
+        raise TraceFileError(f"{where}: 'tokens' and 'token_depths' must be lists of token ids and depths, "
+                             "of equal length")
+    for key in ("step", "generated", "forwards"):
+        if key in tr and type(tr[key]) is not int:
+            raise TraceFileError(f"{where}: {key!r} must be an integer")
+    for key in ("draft_ms", "verify_ms"):
+        if key in tr and not _numbers([tr[key]]):
+            raise TraceFileError(f"{where}: {key!r} must be a number")
     tree = tr.get("tree")
     if tree is None:
         return
@@ -42,6 +63,13 @@ def _check_trace(tr: Any, where: str) -> None:
     n = len(tree["tokens"])
     if n == 0 or len(tree["parents"]) != n or len(tree["depths"]) != n:
         raise TraceFileError(f"{where}: the tree's lists differ in length")
+    if not _ints(tree["tokens"]) or not _ints(tree["depths"]):
+        raise TraceFileError(f"{where}: the tree's 'tokens' and 'depths' must be non-negative integers")
+    for key, ok in (("draft_probs", _numbers), ("sources", lambda v: _ints(v, -MAX_TOKEN_ID))):
+        if tree.get(key) is not None and (not ok(tree[key]) or len(tree[key]) != n):
+            raise TraceFileError(f"{where}: the tree's {key!r} must be {n} numbers")
+    if tr.get("target_probs") is not None and not _numbers(tr["target_probs"]):
+        raise TraceFileError(f"{where}: 'target_probs' must be numbers")
     if any(not isinstance(p, int) or p >= i or (p < 0 and i > 0) for i, p in enumerate(tree["parents"])):
         raise TraceFileError(f"{where}: every tree node's parent must precede it")
     for key in ("status", "target_probs"):
@@ -81,8 +109,17 @@ def parse_run_file(data: bytes | str) -> dict:
             raise TraceFileError(f"side {name!r} has no traces")
         for i, tr in enumerate(traces):
             _check_trace(tr, f"{name} step {i}")
-        if not isinstance(side.get("spans", []), list):
-            raise TraceFileError(f"side {name!r}: 'spans' must be a list")
+        spans = side.get("spans") or []
+        if not isinstance(spans, list) or not all(
+                isinstance(sp, dict) and isinstance(sp.get("text"), str) and _ints([sp.get("depth")])
+                and _ints([sp.get("step", 0)]) and _ints(sp.get("token_ids", [])) for sp in spans):
+            raise TraceFileError(f"side {name!r}: 'spans' must be a list of {{text, depth, step, token_ids}}")
+        summary = side.get("summary")
+        if summary is not None and not (isinstance(summary, dict) and all(
+                _numbers([summary.get(k)]) for k in SUMMARY_NUMBERS)):
+            raise TraceFileError(f"side {name!r}: 'summary' needs the numbers {', '.join(SUMMARY_NUMBERS)}")
+        if side.get("elapsed") is not None and not _numbers(side["elapsed"]):
+            raise TraceFileError(f"side {name!r}: 'elapsed' must be numbers")
     labels = run.get("token_labels", {})
     if not isinstance(labels, dict):
         raise TraceFileError("'token_labels' must be an object")
@@ -91,6 +128,8 @@ def parse_run_file(data: bytes | str) -> dict:
     except ValueError:
         raise TraceFileError("'token_labels' keys must be token ids") from None
     run.setdefault("meta", {})
+    if not isinstance(run["meta"], dict):
+        raise TraceFileError("'meta' must be an object")
     return run
 
 

@@ -6,9 +6,11 @@ below their parent, packed per column, with no crossing edges. The figure's heig
 `rows * ROW_PX` plus margins (rows grow with the number of leaves), which keeps labels from ever
 overlapping vertically.
 
-A tree of more than `FOLD_ABOVE` nodes (a GPU's 128-node trees) folds each group of never-reached
-branches into one "+N" node under their parent: the verifier never looked at them, and drawn in full
-they would make a 2000-pixel figure. Hovering the stand-in lists what it holds.
+A tree that would take more than `FOLD_ROWS` rows (EAGLE-3's 60-node trees, a GPU's 128-node ones)
+folds each group of never-reached branches into one "+N" node under their parent: the verifier never
+looked at them, and drawn in full they would make a 2000-pixel figure. If it is still too tall, each
+parent keeps its `KEEP_REJECTED` most probable rejected leaves and folds the others the same way.
+Hovering a stand-in lists what it holds.
 
 Colours give the verifier's verdict per node; the accepted path is one thick line trace named
 `ACCEPTED_PATH` (its points are exactly the accepted nodes); the target's own (bonus) token after
@@ -41,8 +43,10 @@ LOOKUP_NAME = "from prompt lookup"
 ROW_PX = 40  # >= LABEL_HEIGHT_PX + MARKER_PX: a label sits above its marker
 MARGIN = {"l": 30, "r": 30, "t": 44, "b": 84}  # bottom: the depth axis, then the legend
 MIN_HEIGHT = 260
-FOLD_ABOVE = 64  # bigger trees fold their never-reached branches
+FOLD_ROWS = 20  # taller trees fold their never-reached branches, then their surplus rejected leaves
+KEEP_REJECTED = 3  # rejected leaves a parent keeps in sight when those fold
 FOLDED_NAME = "never reached (folded)"
+FOLDED_REJECTED_NAME = "rejected (folded)"
 FOLDED_SYMBOL = "circle-open"
 
 
@@ -58,8 +62,11 @@ class Layout:
 def tree_layout(parents: list[int], bonus_parent: int | None = None) -> Layout:
     """x = depth; y = row. Nodes are placed in depth-first order: a node's first child stays on its
     parent's row when that column is free there (a chain reads as one line), every other node takes
-    the first free row of its column. Rows in a column therefore grow in placement order, so the
-    children of a higher node always sit above those of a lower one and no two edges cross.
+    the first free row of its column at or below its parent. Rows in a column therefore grow in
+    placement order, so the children of a higher node always sit above those of a lower one and no
+    two edges cross. A node with children also starts below the last child of every node above it
+    in its column: each parent's elbows then own the rows they span between two columns, and no
+    child can seem to hang from a neighbour's line.
 
     With `bonus_parent`, a virtual last child of that node is added (index len(parents)): the
     target's bonus token."""
@@ -76,16 +83,19 @@ def tree_layout(parents: list[int], bonus_parent: int | None = None) -> Layout:
     depth = [0] * n
     y: list[float] = [0.0] * n
     next_free: dict[int, int] = {}  # column -> first free row
-    stack = [(r, None) for r in reversed(roots)]
+    below_kids: dict[int, int] = {}  # column -> first row below every child of that column's nodes
+    stack = [(r, 0) for r in reversed(roots)]
     while stack:  # iterative pre-order: place a node, then its children, first child first
-        i, want = stack.pop()
+        i, lowest = stack.pop()
         d = depth[i]
-        row = next_free.get(d, 0) if want is None else max(want, next_free.get(d, 0))
+        row = max(lowest, next_free.get(d, 0), below_kids.get(d, 0) if children[i] else 0)
         y[i] = float(row)
         next_free[d] = row + 1
-        for k, c in reversed(list(enumerate(children[i]))):
+        if d > 0:
+            below_kids[d - 1] = max(below_kids.get(d - 1, 0), row + 1)
+        for c in reversed(children[i]):
             depth[c] = d + 1
-            stack.append((c, row if k == 0 else None))
+            stack.append((c, row))
     rows = max(next_free.values(), default=1)
     return Layout([float(d) for d in depth], y, max(rows, 1), parents, bonus)
 
@@ -107,6 +117,54 @@ def fold_unreached(parents: list[int], status: list[int]) -> tuple[list[int], li
             top[i] = top[p]
         group.setdefault(parents[top[i]], []).append(i)
     return shown, sorted(group.items())
+
+
+def fold_rejected_leaves(parents: list[int], status: list[int], draft_probs: list[float], shown: list[int],
+                         keep: int = KEEP_REJECTED) -> tuple[list[int], list[tuple[int, list[int]]]]:
+    """Fewer nodes to draw of a still too tall tree: per parent with more than `keep` rejected leaves
+    among `shown` (rejected nodes without children), the `keep` most probable stay; returns (the nodes
+    still shown, in order; (parent, the folded leaves) per parent)."""
+    has_children = set(parents)
+    leaves: dict[int, list[int]] = {}
+    for i in shown:
+        if status[i] == REJECTED and i not in has_children:
+            leaves.setdefault(parents[i], []).append(i)
+    folded: dict[int, list[int]] = {}
+    for p, kids in leaves.items():
+        if len(kids) > keep:
+            best = set(sorted(kids, key=lambda i: -draft_probs[i])[:keep])
+            folded[p] = [i for i in kids if i not in best]
+    gone = {i for kids in folded.values() for i in kids}
+    return [i for i in shown if i not in gone], sorted(folded.items())
+
+
+def _visible(parents: list[int], status: list[int], draft_probs: list[float], bonus_parent: int | None):
+    """(nodes drawn one by one, [(parent, folded nodes, verdict)], their layout): the whole tree while it
+    fits in `FOLD_ROWS` rows, else its never-reached branches folded, then its surplus rejected leaves."""
+    shown: list[int] = list(range(len(parents)))
+    folds: list[tuple[int, list[int], int]] = []
+
+    def layout() -> Layout:
+        at = {i: k for k, i in enumerate(shown)}
+        drawn = [at.get(parents[i], -1) for i in shown] + [at[p] for p, _, _ in folds]
+        return tree_layout(drawn, at[bonus_parent] if bonus_parent is not None else None)
+
+    lay = layout()
+    if lay.rows > FOLD_ROWS:
+        shown, groups = fold_unreached(parents, status)
+        folds = [(p, nodes, NEVER_REACHED) for p, nodes in groups]
+        lay = layout()
+    if lay.rows > FOLD_ROWS:
+        shown, groups = fold_rejected_leaves(parents, status, draft_probs, shown)
+        folds += [(p, nodes, REJECTED) for p, nodes in groups]
+        lay = layout()
+    return shown, folds, lay
+
+
+def _folded_text(folds: list[tuple[int, list[int], int]]) -> str:
+    counts = {v: sum(len(nodes) for _, nodes, w in folds if w == v) for v in (NEVER_REACHED, REJECTED)}
+    parts = [f"{c} {VERDICTS[v]}" for v, c in counts.items() if c]
+    return f" · {' and '.join(parts)} nodes folded" if parts else ""
 
 
 def figure_height(rows: int) -> int:
@@ -133,38 +191,48 @@ def _source_text(source: int) -> str:
     return LOOKUP_NAME if source == LOOKUP_SOURCE else f"drafter layer {source}"
 
 
-def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], title: str | None = None) -> go.Figure:
+def _step_layout(step: Mapping):
+    """(status, draft probabilities, accepted path, bonus token, and `_visible` of them) of a step with a tree."""
+    tree = step["tree"]
+    n = len(tree["tokens"])
+    status = [int(s) for s in (step.get("status") or [ACCEPTED] + [NEVER_REACHED] * (n - 1))]
+    dprobs = [float(p) for p in (tree.get("draft_probs") or [1.0] * n)]
+    path = [int(i) for i in (step.get("path") or [0])]
+    bonus_tok = _bonus_token(step)
+    visible = _visible([int(q) for q in tree["parents"]], status, dprobs, path[-1] if bonus_tok is not None else None)
+    return status, dprobs, path, bonus_tok, visible
+
+
+def tree_height(step: Mapping) -> int:
+    """The height `tree_figure` gives this step, without drawing it (to size a run's figures alike)."""
+    return figure_height(_step_layout(step)[-1][2].rows) if step.get("tree") else MIN_HEIGHT
+
+
+def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], title: str | None = None,
+                min_height: int = 0) -> go.Figure:
     """Plotly figure of one `StepTrace.to_dict()`: nodes coloured by verdict, the accepted path as
-    one line trace, hover with token id, depth, draft and target probabilities."""
+    one line trace, hover with token id, depth, draft and target probabilities. `min_height`: at
+    least this tall, rows spaced as usual from the top (so a run's figures need not jump in size)."""
     label_of: Callable[[int], str] = label_decoder(tokenizer_decode)
     tree = step.get("tree")
     if not tree:
         toks = step.get("tokens") or []
         first = token_label(label_of(toks[0]), 24) if toks else "∅"
         return empty_figure(f"step {step.get('step', 0)}: prefill — the target read the prompt and chose its "
-                            f"first token itself: “{first}”")
+                            f"first token itself: “{first}”", max(MIN_HEIGHT, min_height))
     tokens = [int(t) for t in tree["tokens"]]
     n = len(tokens)
-    status = [int(s) for s in (step.get("status") or [ACCEPTED] + [NEVER_REACHED] * (n - 1))]
     tprobs = [float(p) for p in (step.get("target_probs") or [1.0] * n)]
-    dprobs = [float(p) for p in (tree.get("draft_probs") or [1.0] * n)]
     sources = [int(s) for s in (tree.get("sources") or [0] * n)]
-    path = [int(i) for i in (step.get("path") or [0])]
-    bonus_tok = _bonus_token(step)
-    folds: list[tuple[int, list[int]]] = []
-    shown = list(range(n))
-    if n > FOLD_ABOVE:
-        shown, folds = fold_unreached([int(q) for q in tree["parents"]], status)
+    status, dprobs, path, bonus_tok, (shown, folds, lay) = _step_layout(step)
     at = {i: k for k, i in enumerate(shown)}  # node -> its place among the drawn nodes
-    draw_parents = [at.get(int(tree["parents"][i]), -1) for i in shown] + [at[p] for p, _ in folds]
-    lay = tree_layout(draw_parents, at[path[-1]] if bonus_tok is not None else None)
     texts = [label_of(t) for t in tokens]
     labels = [token_label(t) for t in texts]
 
     fig = go.Figure()
     # Edges (one trace, None-separated segments).
     ex, ey = [], []
-    for i in range(1, len(draw_parents)):
+    for i in range(1, len(shown) + len(folds)):
         p = lay.parents[i]
         if p >= 0:
             ex += [lay.x[p], lay.x[i], None]
@@ -191,16 +259,19 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
                            "draft p %{customdata[3]:.3f}<br>target p %{customdata[4]:.3f}<br>"
                            f"{VERDICTS[verdict]}<extra></extra>"),
         ))
-    if folds:  # one stand-in per group of never-reached branches
-        at_fold = range(len(shown), len(shown) + len(folds))
+    for verdict, name in ((NEVER_REACHED, FOLDED_NAME), (REJECTED, FOLDED_REJECTED_NAME)):  # "+N" stand-ins
+        group = [(len(shown) + k, nodes) for k, (_, nodes, v) in enumerate(folds) if v == verdict]
+        if not group:
+            continue
         fig.add_trace(go.Scatter(
-            x=[lay.x[k] for k in at_fold], y=[lay.y[k] for k in at_fold], mode="markers+text", name=FOLDED_NAME,
-            text=[f"+{len(nodes)}" for _, nodes in folds], textposition="top center",
-            textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": "#888888"},
-            marker={"size": MARKER_PX, "color": VERDICT_COLORS[NEVER_REACHED], "symbol": FOLDED_SYMBOL},
+            x=[lay.x[k] for k, _ in group], y=[lay.y[k] for k, _ in group], mode="markers+text", name=name,
+            text=[f"+{len(nodes)}" for _, nodes in group], textposition="top center",
+            textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": VERDICT_COLORS[verdict]
+                      if verdict == REJECTED else "#888888"},
+            marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "symbol": FOLDED_SYMBOL},
             customdata=[[len(nodes), " ".join(labels[i] for i in nodes[:12]) + (" …" if len(nodes) > 12 else "")]
-                        for _, nodes in folds],
-            hovertemplate="%{customdata[0]} never-reached nodes, folded: %{customdata[1]}<extra></extra>",
+                        for _, nodes in group],
+            hovertemplate=f"%{{customdata[0]}} {VERDICTS[verdict]} nodes, folded: %{{customdata[1]}}<extra></extra>",
         ))
     if LOOKUP_SOURCE in sources:  # legend entry for the marker shape of lookup's nodes
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=LOOKUP_NAME, hoverinfo="skip",
@@ -223,16 +294,19 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
         title = (f"step {step.get('step', '?')}: {n - 1} drafted, {accepted} accepted"
                  f"{' + 1 bonus' if bonus_tok is not None else ''} · draft {float(step.get('draft_ms', 0)):.0f} ms"
                  f" · verify {float(step.get('verify_ms', 0)):.0f} ms"
-                 + (f" · {n - len(shown)} never-reached nodes folded" if folds else ""))
+                 + _folded_text(folds))
     max_x = max(lay.x) if lay.x else 0
+    height, span = figure_height(lay.rows), lay.rows
+    if min_height > height:  # taller than the tree needs: the rows keep their spacing, from the top
+        height, span = min_height, max(lay.rows, (min_height - MARGIN["t"] - MARGIN["b"]) / ROW_PX)
     fig.update_layout(
         title={"text": title, "x": 0.01, "font": {"size": 14}},
-        height=figure_height(lay.rows), margin=MARGIN, plot_bgcolor="white", paper_bgcolor="white",
+        height=height, margin=MARGIN, plot_bgcolor="white", paper_bgcolor="white",
         legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
         xaxis={"title": {"text": "depth (0 = root: the last token the target chose)", "font": {"size": 11}},
                "range": [-0.5, max_x + 0.5], "dtick": 1, "showgrid": True, "gridcolor": "#f2f2f2",
                "zeroline": False, "fixedrange": True},
-        yaxis={"range": [lay.rows - 0.5, -0.6], "visible": False, "fixedrange": True},
+        yaxis={"range": [span - 0.5, -0.6], "visible": False, "fixedrange": True},
         hoverlabel={"font": {"family": "monospace"}},
     )
     return fig
