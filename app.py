@@ -706,7 +706,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 for side in run["sides"].values():  # a file without stored spans: rebuild them here
                     if not side.get("spans"):
                         side["spans"] = spans_to_json(viz.token_spans(side["traces"], engine.decode_text))
-                return finish(run, _run_labeler(run))
+                return finish(run, _run_labeler(run)) | {download: str(p)}  # the download is what is shown
             except (viz.TraceFileError, OSError) as exc:
                 gr.Warning(f"cannot replay this file: {exc}")
             except Exception as exc:  # a file that passed validation but is still odd

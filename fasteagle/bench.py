@@ -510,7 +510,7 @@ def budget_curve(target: Target, drafter, prompts: list[dict], budgets, max_new:
     budgets = sorted(set(budgets))
     drafter.tree_budget = budgets[-1]
     steps: dict[str, list] = {}
-    emitted: dict[str, list] = {}  # tokens each step of the decode emitted (the last one cut at max_new)
+    emitted: dict[str, list] = {}  # tokens each step of the decode emitted
     for p in tqdm(prompts, desc="budget curve", unit="prompt"):
         recorded = _recorded_steps(target, drafter, chat_prompt_ids(target, p["text"]), max_new, seed)
         steps.setdefault(p["category"], []).extend(step[:3] for step in recorded if step[4])

@@ -236,6 +236,7 @@ def test_replay_steps_and_trace_files(tiny_app, warnings, tmp_path):
         # Upload the downloaded file: the same replies and badge come back, with no decoding.
         back = dict(zip(OUT, client.predict(handle_file(res["download"]), api_name="/replay_file")))
         assert back["badge"] == res["badge"] and back["spec_reply"] == res["spec_reply"]
+        assert json.loads(Path(back["download"]).read_text()) == json.loads(Path(res["download"]).read_text())
         assert back["slider"]["maximum"] == res["slider"]["maximum"]
         # Invalid files warn and change nothing.
         odd = json.loads(Path(res["download"]).read_text())
