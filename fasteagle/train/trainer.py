@@ -90,7 +90,7 @@ class TrainConfig:
 def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     """The whole pipeline; `target` (a loaded `Target`) overrides `cfg.target` (tests pass a tiny one);
     `command`, the command line that ran it, goes into the model card."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DistributedDataParallelKwargs
 
     from fasteagle.target import load_target
     from fasteagle.train import data as data_mod
@@ -98,7 +98,10 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    accel = Accelerator(mixed_precision=mixed_precision(cfg), cpu=cfg.device == "cpu")
+    # a batch whose replies end early leaves the deepest layers without a loss (`CascadedDrafter.loss`
+    # skips them): under several processes DDP must expect parameters without gradients
+    accel = Accelerator(mixed_precision=mixed_precision(cfg), cpu=cfg.device == "cpu",
+                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     target = target or load_target(cfg.target, device=accel.device, dtype=cfg.dtype)
     model, tok = target.model, target.tokenizer
     t_start = time.monotonic()
@@ -221,13 +224,24 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         groups = length_batches([len(s) for s in train_data["input_ids"]], cfg.batch_tokens, shuffle_seed=cfg.seed)
         n_batches = len(groups)
 
-    def batches(epoch: int):
+    def batches(epoch: int, skip: int = 0):
+        """This process's batches of an epoch, after its first `skip` (a resumed run's). Each shard
+        shuffles its micro-batches with its own generator, so skipping needs no shard loaded."""
         g = torch.Generator().manual_seed(cfg.seed + epoch)
         order = torch.randperm(len(shards) if shards else n_batches, generator=g).tolist()
-        for b in order:
+        for b in process_share(order, accel.process_index, accel.num_processes):
             if shards:
-                for micro in micro_batches(load_shard(shards[b]), cfg.micro_batch, g):
+                n_micro = math.ceil(rows_per_shard[b] / cfg.micro_batch) if cfg.micro_batch else 1
+                if skip >= n_micro:
+                    skip -= n_micro
+                    continue
+                shard_g = torch.Generator().manual_seed(cfg.seed + 1_000_003 * (epoch + 1) + b)
+                for micro in micro_batches(load_shard(shards[b]), cfg.micro_batch, shard_g)[skip:]:
                     yield micro.to(accel.device)
+                skip = 0
+                continue
+            if skip:
+                skip -= 1
                 continue
             idx = groups[b]
             ids, mask = pad_batch([train_data["input_ids"][i][: cfg.max_len] for i in idx],
@@ -236,28 +250,32 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             feats, t_ids, t_p = teach(model, ids, feature_layers, cfg.topk)
             yield Batch(ids, mask.to(accel.device), feats, t_ids, t_p)
 
-    total_steps = cfg.max_steps or max(1, int(cfg.epochs * n_batches))
+    per_process = math.ceil(n_batches / accel.num_processes)  # each process trains on its share (`process_share`)
+    total_steps = cfg.max_steps or max(1, int(cfg.epochs * per_process))
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     drafter, opt = accel.prepare(drafter, opt)
     raw = accel.unwrap_model(drafter)
 
-    # 4. resume
-    step = 0
+    # 4. resume: the weights, optimizer and RNGs, and where the data and the clock stood
+    step, epoch, in_epoch, trained_s = 0, 0, 0, 0.0
     ckpt = out / "checkpoint"
     if (ckpt / "state.json").exists():
         accel.load_state(str(ckpt))
-        step = json.loads((ckpt / "state.json").read_text())["step"]
-        accel.print(f"resumed at step {step}")
+        state = json.loads((ckpt / "state.json").read_text())
+        step, epoch, in_epoch = state["step"], state.get("epoch", 0), state.get("in_epoch", 0)
+        trained_s = state.get("train_seconds", 0.0)
+        accel.print(f"resumed at step {step} (epoch {epoch}, batch {in_epoch}, {trained_s / 60:.1f} min trained)")
     initial = evaluate(raw, model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k) \
         if holdout is not None and cfg.eval_initial and step == 0 else {}
 
     # 5. train
     history = []
     bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accel.is_main_process)
-    t_train = time.monotonic()
-    epoch, done = 0, step >= total_steps
+    t_train = time.monotonic() - trained_s  # a resumed run's schedule and time budget go on, not restart
+    done = step >= total_steps
     while not done:
-        for batch in batches(epoch):
+        for batch in batches(epoch, in_epoch):
+            in_epoch += 1
             with accel.autocast():  # through forward(), so that DDP syncs gradients
                 loss, stats = drafter(batch.feats, batch.input_ids, batch.loss_mask, batch.teacher_ids,
                                       batch.teacher_probs)
@@ -274,12 +292,16 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
             if step % cfg.checkpoint_every == 0:
                 accel.save_state(str(ckpt))
-                (ckpt / "state.json").write_text(json.dumps({"step": step}))
+                if accel.is_main_process:
+                    (ckpt / "state.json").write_text(json.dumps({
+                        "step": step, "epoch": epoch, "in_epoch": in_epoch,
+                        "train_seconds": round(time.monotonic() - t_train, 3)}))
             out_of_time = cfg.minutes and time.monotonic() - t_train > cfg.minutes * 60
             if step >= total_steps or out_of_time:
                 done = True
                 break
-        epoch += 1
+        else:
+            epoch, in_epoch = epoch + 1, 0
     bar.close()
     train_minutes = (time.monotonic() - t_train) / 60
 
@@ -289,7 +311,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         metrics = evaluate(raw, model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k)
         accel.print(json.dumps(metrics, indent=1))
     if accel.is_main_process:
-        info = {"training": asdict(cfg) | {"steps": step, "epochs_done": step / n_batches,
+        info = {"training": asdict(cfg) | {"steps": step, "epochs_done": step / per_process,
                                              "train_tokens": n_tokens, "tokens_per_feature_dir": tokens_per_dir,
                                              "train_minutes": round(train_minutes, 2),
                                              "total_minutes": round((time.monotonic() - t_start) / 60, 2),
@@ -353,6 +375,12 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def process_share(order: list[int], index: int, count: int) -> list[int]:
+    """Process `index` of `count` (data parallel training) takes every count-th batch of the epoch's
+    order; one process takes all of them."""
+    return order[index::count]
+
+
 def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> float:
     """Linear warmup, then cosine to zero over the run; with a time budget, progress is whichever
     of steps or wall time is further along, so a timed run still anneals."""
@@ -411,7 +439,7 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
             tokens, steps = replay_walk(seq, reply, top_i, top_p, TREE_BUILDERS[shape], ks, budget)
             walk[0] += tokens
             walk[1] += steps
-        valid = mask[0, 1:1 + T] & mask[0, N:N + T]  # the drafted span lies inside the reply
+        valid = mask[0, 1:1 + T] & mask[0, 1 + N:1 + N + T]  # the root and the deepest draft lie in the reply
         if not bool(valid.any()):
             continue
         # accepted drafts = leading spine hits, plus one if a side leaf catches the first miss

@@ -13,7 +13,7 @@ from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.train.data import load_token_dataset, save_token_dataset
 from fasteagle.train.teacher import Batch, micro_batches
-from fasteagle.train.trainer import TrainConfig, lr_at, train
+from fasteagle.train.trainer import TrainConfig, lr_at, process_share, train
 from tests.conftest import TINY_VOCAB
 
 
@@ -95,14 +95,59 @@ def test_cpu_recipe_bf16_and_a_loss_over_frequent_tokens_still_trains_the_whole_
         train(TrainConfig(out=str(tmp_path / "x"), mixed_precision="fp8", device="cpu"), target=tiny)
 
 
-def test_checkpoint_resume(tiny, tmp_path):
+@pytest.mark.parametrize("features", ["online", "cache"])
+def test_a_resumed_run_trains_on_what_an_unbroken_one_would(tiny, tmp_path, monkeypatch, features):
+    """A run cut off after its step-3 checkpoint and started again goes on where the checkpoint stood
+    (not from the epoch's start), with the optimizer, schedule and RNGs restored: the same batches in
+    the same order as a run never cut off, and the same weights."""
+    from fasteagle.train import trainer
+
+    save_token_dataset(self_written(tiny, 8, seed=3, new=20), tmp_path / "train.pt")
+    seen: list[int] = []
+    cut_at = [0]  # stop the run when this many batches were seen (0: never)
+    real = trainer.CascadedDrafter.forward
+
+    def spy(self, feats, input_ids, *args, **kwargs):  # each optimizer step's batch, by its tokens
+        if cut_at[0] and len(seen) == cut_at[0]:
+            raise KeyboardInterrupt
+        seen.append(int(input_ids.sum()) * 1000 + input_ids.numel())
+        return real(self, feats, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.CascadedDrafter, "forward", spy)
+    kw = dict(data=str(tmp_path / "train.pt"), num_layers=2, intermediate=64, topk=4, batch_tokens=200, warmup=2,
+              checkpoint_every=3, device="cpu", features=features, micro_batch=2, epochs=2, max_steps=7)
+    whole = train(TrainConfig(out=str(tmp_path / "whole"), **kw), target=tiny)
+    unbroken, seen[:], cut_at[0] = list(seen), [], 5
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(out=str(tmp_path / "d"), **kw), target=tiny)
+    state = json.loads((tmp_path / "d" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 3 and state["train_seconds"] > 0
+    seen[:], cut_at[0] = [], 0
+    out = train(TrainConfig(out=str(tmp_path / "d"), **kw), target=tiny)
+    assert len(unbroken) == 7 and seen == unbroken[3:]  # 7 steps cross into the second epoch
+    assert CascadedDrafter.load(out, tiny.model).info["training"]["steps"] == 7
+    a, b = CascadedDrafter.load(whole), CascadedDrafter.load(out)
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(x, y, atol=1e-6), name
+
+
+def test_a_resumed_timed_run_keeps_its_clock(tiny, tmp_path):
+    """The wall-time schedule and budget go on from the checkpoint's training time, not from zero."""
     save_token_dataset(self_written(tiny, 8, seed=3, new=20), tmp_path / "train.pt")
     kw = dict(out=str(tmp_path / "d"), data=str(tmp_path / "train.pt"), num_layers=2, intermediate=64, topk=4,
-              batch_tokens=200, warmup=2, checkpoint_every=3, device="cpu")
-    train(TrainConfig(max_steps=3, **kw), target=tiny)
-    assert json.loads((tmp_path / "d" / "checkpoint" / "state.json").read_text())["step"] == 3
-    out = train(TrainConfig(max_steps=5, **kw), target=tiny)
-    assert CascadedDrafter.load(out, tiny.model).info["training"]["steps"] == 5
+              batch_tokens=200, warmup=1, checkpoint_every=2, device="cpu", minutes=1.0)
+    train(TrainConfig(max_steps=2, **kw), target=tiny)
+    state_file = tmp_path / "d" / "checkpoint" / "state.json"
+    state_file.write_text(json.dumps(json.loads(state_file.read_text()) | {"train_seconds": 60.0}))
+    out = train(TrainConfig(max_steps=50, **kw), target=tiny)  # its minute is spent: one step, then it stops
+    info = CascadedDrafter.load(out, tiny.model).info["training"]
+    assert info["steps"] == 3 and info["train_minutes"] >= 1.0
+
+
+def test_each_process_takes_its_share_of_the_batches():
+    order = [7, 3, 9, 0, 5, 2, 8]
+    parts = [process_share(order, i, 3) for i in range(3)]
+    assert parts == [[7, 0, 8], [3, 5], [9, 2]] and process_share(order, 0, 1) == order
 
 
 def test_schedule_warms_up_then_anneals_by_steps_or_time():
