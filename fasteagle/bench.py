@@ -5,10 +5,11 @@ methods interleaved prompt by prompt (so drift hits all alike); device sync befo
 Reported per method, overall and per category: tokens/s (pooled, median and spread over prompts),
 speedup against our vanilla loop and against Hugging Face `generate`, tau (tokens per target
 forward, bonus included), per-depth acceptance, draft and verify ms per step, peak GPU memory, and
-how many greedy outputs are token-identical to vanilla.
+how many greedy outputs are token-identical to vanilla (not checked under sampling).
 
-JSON schema (`compare` + `result_document`): {"device", "target", "date", "settings",
-"methods": {name: summary}, "per_category": {category: {name: summary}}}.
+JSON schema (`compare` + `result_document`): {"device", "target", "date", "torch", "settings",
+"methods": {name: summary}, "per_category": {category: {name: summary}}, "rows": {name: [per prompt]},
+"command"} (+ "partial" for a run stopped early); README "Benchmarks" says what each field holds.
 """
 
 from __future__ import annotations
@@ -38,33 +39,54 @@ HF_METHODS = ("hf-generate", "hf-prompt-lookup")
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
-    """JSON lines with `turns` (first turn used), `prompt` or `text`; optional `category`."""
+    """JSON lines with `turns` (first turn used), `prompt` or `text`; optional `category`. A line
+    without a prompt is an error that names it, as is a file without any."""
+    if limit is not None and limit < 1:
+        raise FastEagleError(f"--limit must be at least 1 (got {limit})")
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FastEagleError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from None
     rows = []
-    for line in Path(path).read_text().splitlines():
+    for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        d = json.loads(line)
-        text = d["turns"][0] if "turns" in d else d.get("prompt") or d.get("text")
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FastEagleError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        d = d if isinstance(d, dict) else {}
+        if "turns" in d:
+            text = d["turns"][0] if isinstance(d["turns"], list) and d["turns"] else None
+        else:
+            text = d.get("prompt") or d.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise FastEagleError(f"{path}:{n}: no prompt (a non-empty `turns` list, `prompt` or `text`)")
         rows.append({"id": d.get("id", str(len(rows))), "category": d.get("category", Path(path).stem), "text": text})
+    if not rows:
+        raise FastEagleError(f"{path} holds no prompts")
     return rows[:limit] if limit else rows
 
 
 def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: int, sampling: SamplingParams,
-             seed: int) -> dict:
-    """Decode one prompt with one method and measure it."""
+             seed: int, stop: bool = True) -> dict:
+    """Decode one prompt with one method and measure it (`stop`=False: all `max_new` tokens, stop
+    tokens or not, as a warmup wants)."""
     dev = target.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     if method in HF_METHODS:
-        return _time_hf(target, ids, max_new, sampling, seed, lookup=method == "hf-prompt-lookup")
+        return _time_hf(target, ids, max_new, sampling, seed, lookup=method == "hf-prompt-lookup", stop=stop)
     synchronize(dev)
     t0 = time.perf_counter()
-    traces = list(generate(target, ids, drafter=drafter, max_new_tokens=max_new, sampling=sampling, seed=seed))
+    traces = list(generate(target, ids, drafter=drafter, max_new_tokens=max_new, sampling=sampling, seed=seed,
+                           stop_ids=None if stop else set()))
     synchronize(dev)
     wall = time.perf_counter() - t0
     steps = traces[1:]
     reached, accepted = _depth_acceptance(steps)
     return {"tokens": [t for tr in traces for t in tr.tokens], "wall_s": wall, "forwards": traces[-1].forwards,
+            "steps": len(steps),
             "draft_ms": statistics.fmean([s.draft_ms for s in steps]) if steps else 0.0,
             "verify_ms": statistics.fmean([s.verify_ms for s in steps]) if steps else 0.0,
             "accepted_lengths": [len(s.tokens) for s in steps],
@@ -72,12 +94,14 @@ def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: i
 
 
 def _time_hf(target: Target, ids: torch.Tensor, max_new: int, sampling: SamplingParams, seed: int,
-             lookup: bool) -> dict:
+             lookup: bool, stop: bool = True) -> dict:
     """Hugging Face `generate` (optionally its prompt-lookup decoding), batch 1, same stop ids."""
     model, dev = target.model, target.device
     x = ids.to(dev)[None]
     kwargs = {"max_new_tokens": max_new, "attention_mask": torch.ones_like(x), "top_k": None,
               "eos_token_id": sorted(target.stop_ids()), "pad_token_id": target.tokenizer.eos_token_id}
+    if not stop:
+        kwargs["min_new_tokens"] = max_new
     if sampling.greedy:
         kwargs |= {"do_sample": False, "temperature": None, "top_p": None}
     else:
@@ -101,18 +125,20 @@ def _peak_mb(dev: torch.device) -> float | None:
 
 
 def _depth_acceptance(steps) -> tuple[list[int], list[int]]:
-    """Per depth d: how often a step's tree offered depth d along the accepted path so far
-    (depth d-1 accepted), and how often depth d was accepted."""
+    """Per depth d: in how many steps the verifier judged a depth-d node (the accepted depth-(d-1)
+    node has children: a path that ends at a leaf reached no deeper), and in how many it accepted one."""
     reached, accepted = [], []
     for s in steps:
         if not s.tree:
             continue
-        maxd = max(s.tree["depths"])
+        has_children = set(s.tree["parents"])
         acc_len = len(s.path) - 1
-        while len(reached) < maxd:
-            reached.append(0)
-            accepted.append(0)
-        for d in range(1, min(acc_len + 1, maxd) + 1):
+        for d in range(1, acc_len + 2):
+            if s.path[d - 1] not in has_children:
+                break
+            if len(reached) < d:
+                reached.append(0)
+                accepted.append(0)
             reached[d - 1] += 1
             accepted[d - 1] += d <= acc_len
     return reached, accepted
@@ -127,13 +153,14 @@ def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 1
     can still keep what it measured."""
     sampling = sampling or SamplingParams()
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
-    for ids in encoded[:warmup]:
+    for ids in encoded[:warmup]:  # past any stop token: a prompt answered at once would warm no decode step
         for name, drafter in methods.items():
-            time_one(target, ids, name, drafter, 16, sampling, seed)
+            time_one(target, ids, name, drafter, 16, sampling, seed, stop=False)
     rows = {name: [] for name in methods}
-    for p, ids in zip(tqdm(prompts, desc="bench", unit="prompt"), encoded):
-        for name, drafter in methods.items():
-            r = time_one(target, ids, name, drafter, max_new, sampling, seed)
+    names = list(methods)
+    for i, (p, ids) in enumerate(zip(tqdm(prompts, desc="bench", unit="prompt"), encoded)):
+        for name in names[i % len(names):] + names[:i % len(names)]:  # each method goes first in turn
+            r = time_one(target, ids, name, methods[name], max_new, sampling, seed)
             rows[name].append(r | {"id": p["id"], "category": p["category"]})
         if on_prompt is not None:
             on_prompt(rows)
@@ -151,25 +178,37 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
              "tokens_per_s_median": round(statistics.median(tps), 2),
              "tokens_per_s_p10_p90": [round(_quantile(tps, 0.1), 2), round(_quantile(tps, 0.9), 2)]}
         for ref in ("vanilla", "hf-generate"):
-            if ref in pooled:
-                s[f"speedup_vs_{ref.replace('-', '_')}"] = round(pooled[name] / pooled[ref], 3)
+            if ref in pooled:  # pooled tokens/s over pooled tokens/s; the median of the per-prompt ratios too
+                key = f"speedup_vs_{ref.replace('-', '_')}"
+                s[key] = round(pooled[name] / pooled[ref], 3)
+                ratios = [(len(r["tokens"]) / r["wall_s"]) / (len(b["tokens"]) / b["wall_s"])
+                          for r, b in zip(rs, rows[ref])]
+                s[key + "_median"] = round(statistics.median(ratios), 3)
         if rs[0]["forwards"] is not None:
             steps = sum(r["forwards"] for r in rs)
             # the prefill's token comes without a verify step, so it is not counted
             s["tau"] = round(sum(len(r["tokens"]) - 1 for r in rs) / max(1, steps), 3)
-            s["draft_ms"] = round(statistics.fmean(r["draft_ms"] for r in rs), 3)
-            s["verify_ms"] = round(statistics.fmean(r["verify_ms"] for r in rs), 3)
+            s["draft_ms"], s["verify_ms"] = (round(_per_step(rs, key), 3) for key in ("draft_ms", "verify_ms"))
             lengths = [n for r in rs for n in r["accepted_lengths"]]
             s["accepted_length_histogram"] = [lengths.count(n) for n in range(1, max(lengths, default=1) + 1)]
             reached = _sum_ragged([r["depth_reached"] for r in rs])
             accepted = _sum_ragged([r["depth_accepted"] for r in rs])
-            s["depth_acceptance"] = [round(a / max(1, b), 3) for a, b in zip(accepted, reached)]
+            s["depth_acceptance"] = [round(a / b, 3) if b else None for a, b in zip(accepted, reached)]
         peaks = [r["peak_mb"] for r in rs if r["peak_mb"] is not None]
         s["peak_mb"] = max(peaks) if peaks else None
         if "vanilla" in rows and sampling.greedy:
             s["identical_to_vanilla"] = sum(a["tokens"] == b["tokens"] for a, b in zip(rs, rows["vanilla"]))
         out[name] = s
     return out
+
+
+def _per_step(rows: list[dict], key: str) -> float:
+    """Mean ms per decode step over all prompts' steps (a prompt that ended at its prefill has none);
+    rows from before steps were counted weigh each prompt alike."""
+    if any("steps" not in r for r in rows):
+        return statistics.fmean(r[key] for r in rows)
+    steps = sum(r["steps"] for r in rows)
+    return sum(r[key] * r["steps"] for r in rows) / steps if steps else 0.0
 
 
 def _verify_cost_table(doc: dict) -> str:
@@ -305,15 +344,18 @@ def markdown_table(doc: dict) -> str:
             + "".join(f"; {m} drafter `{d['path']}` ({d['steps']} steps, {d['train_minutes']} min"
                       + (f", drafting over {d['draft_vocab']} tokens" if d.get("draft_vocab") else "") + ")"
                       for m, d in (s.get("drafters") or {}).items()) + "\n\n")
+    peak = any(m.get("peak_mb") is not None for m in doc["methods"].values())
     lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
-             "identical |", "|---|---|---|---|---|---|---|---|"]
+             "identical |" + " peak MB |" * peak, "|---|---|---|---|---|---|---|---|" + "---|" * peak]
     for name, m in doc["methods"].items():
         def f(key, fmt="{:.2f}", m=m):
             return fmt.format(m[key]) if m.get(key) is not None else "–"
         ident = f"{m['identical_to_vanilla']}/{m['prompts']}" if "identical_to_vanilla" in m else "–"
         lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} | "
                      f"{f('speedup_vs_hf_generate', '{:.2f}x')} | {f('tau')} | {f('draft_ms', '{:.1f}')} | "
-                     f"{f('verify_ms', '{:.1f}')} | {ident} |")
+                     f"{f('verify_ms', '{:.1f}')} | {ident} |" + f" {f('peak_mb', '{:.0f}')} |" * peak)
+    if float(s.get("temperature") or 0) > 0:
+        lines.append("\nSampling: each method draws its own sample, so outputs are not compared with vanilla's.")
     cats = doc.get("per_category") or {}
     if len(cats) > 1:  # speedup and tau per prompt category
         names = list(doc["methods"])
@@ -452,12 +494,13 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_ne
         tokens/s(B) = tokens per step(B) / (draft ms(B) + verify ms(B))
 
     verify ms(B) is this device's cost of one target forward over the tree B gives (`verify_cost`,
-    made non-decreasing in tree size by `nondecreasing`),
-    draft ms(B) the drafter's measured step at budget B, and tokens per step(B) comes from the
-    drafter's own acceptance, replayed: one greedy decode at the largest budget records every tree
-    and its accepted path; the tree budget B would have drafted is the best B-1 of those nodes
-    (`replay_budget`), and greedy acceptance in it is the recorded path cut at its first missing
-    node. One decode thus scores every budget, with no run-to-run timing noise in the acceptance part.
+    made non-decreasing in tree size by `nondecreasing`), draft ms(B) the drafter's measured step at
+    budget B (draft and `extend`, the device synced after each, so a GPU drafter's kernels count even
+    where a decode overlaps them), and tokens per step(B) comes from the drafter's own acceptance,
+    replayed: one greedy decode at the largest budget records every tree and its accepted path; the
+    tree budget B would have drafted is the best B-1 of those nodes (`replay_budget`), and greedy
+    acceptance in it is the recorded path cut at its first missing node. One decode thus scores every
+    budget, with no run-to-run timing noise in the acceptance part.
 
     A drafter joined with prompt lookup (`fasteagle.hybrid.WithLookup`) is tuned the same way: B is
     the budget of its own tree, lookup's nodes are in every budget's tree (lookup ignores B), and the
@@ -484,7 +527,8 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_ne
     draft_ms = {}
     for b in tqdm(budgets, desc="auto tree: draft cost"):
         drafter.tree_budget = b
-        traces = list(generate(target, encoded[0], drafter=drafter, max_new_tokens=16, seed=seed))[1:]
+        traces = list(generate(target, encoded[0], drafter=drafter, max_new_tokens=16, seed=seed, stop_ids=set(),
+                               sync_phases=True))[1:]
         draft_ms[b] = statistics.median(t.draft_ms for t in traces)
     rate = {b: 1e3 * per_step[b] / (draft_ms[b] + verify_ms[b]) for b in budgets}
     best = max(rate, key=rate.get)

@@ -211,6 +211,18 @@ def cmd_bench(args) -> int:
         depths = tuple(int(x) for x in args.depths.split(","))
         return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
                                                             pack=args.pack, int8=args.draft_int8), args.out)
+    if not args.verify_cost:  # what can be wrong with the prompts and methods fails before the model loads
+        if not args.prompts:
+            raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
+        names = [m.strip() for m in args.methods.split(",") if m.strip()]
+        known = (*bench.HF_METHODS, *METHODS)
+        unknown = [m for m in names if m not in known]
+        if unknown:
+            raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
+        if "vanilla" not in names:
+            names.insert(0, "vanilla")
+        files = args.prompts.split(",")
+        prompts = [p for f in files for p in bench.load_prompts(f, args.limit)]
     target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     if args.verify_cost:
         sizes = tuple(int(x) for x in args.verify_cost.split(","))
@@ -221,14 +233,7 @@ def cmd_bench(args) -> int:
             timed = {"prepacked": target, "stock": load_target(args.target, args.device, args.dtype, pack=False)}
         return _report(bench.verify_cost(timed, sizes) | {"device": bench.device_name(target.device),
                                                           "packed_linears": target.packed}, args.out)
-    if not args.prompts:
-        raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if "vanilla" not in names:
-        names.insert(0, "vanilla")
     methods = {m: None if m in bench.HF_METHODS else make_drafter(m, target, args) for m in names}
-    files = args.prompts.split(",")
-    prompts = [p for f in files for p in bench.load_prompts(f, args.limit)]
     settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
                 "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "tree_k": args.tree_k or {m: d.tree_k for m, d in methods.items() if hasattr(d, "tree_k")},

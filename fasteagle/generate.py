@@ -107,11 +107,14 @@ def generate(
     capacity: int | None = None,
     stop_ids: set[int] | None = None,
     tree_room: int = 128,
+    sync_phases: bool = False,
 ) -> Iterator[StepTrace]:
     """Decode up to `max_new_tokens` after `input_ids` (1-D), yielding one StepTrace per step.
 
     Step 0 is the prefill (its token is the target's own). Stops after a stop token (which is
-    emitted) or exactly at `max_new_tokens`.
+    emitted) or exactly at `max_new_tokens`. `sync_phases`: wait for the device after the draft and
+    after `extend`, so that draft_ms holds the drafter's GPU time (a cost measurement wants it; a
+    decode does not, the forward's launch overlaps the draft).
     """
     sampling = sampling or SamplingParams()
     if input_ids.dim() != 1 or input_ids.numel() == 0:
@@ -150,7 +153,7 @@ def generate(
         step += 1
         with torch.inference_mode():
             trace = _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, max_new_tokens,
-                          feature_layers, decoded, step, generated, forwards)
+                          feature_layers, decoded, step, generated, forwards, sync_phases)
         generated, forwards, finished, root = trace.generated, trace.forwards, trace.finished, trace.bonus
         yield trace
 
@@ -178,7 +181,7 @@ def _prefill(model, cache, ids, drafter, capacity, sampling, generator, stop_ids
 
 
 def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, max_new_tokens, feature_layers,
-          decoded, step, generated, forwards) -> StepTrace:
+          decoded, step, generated, forwards, sync_phases=False) -> StepTrace:
     """Draft a tree from `root`, verify it in one target forward, keep the accepted path."""
     dev = next(model.parameters()).device
     t0 = time.perf_counter()
@@ -187,6 +190,8 @@ def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, 
     # No device sync here or after `extend`: a drafter that builds its tree on the GPU (a CUDA graph)
     # lets the host queue the target's forward while the GPU drafts. So on a GPU draft_ms is what the
     # host spent or waited for, and the draft's GPU time the forward did not hide counts as verify_ms.
+    if sync_phases:
+        synchronize(dev)
     t1 = time.perf_counter()
     logits, feats = tree_forward(model, cache, tree, feature_layers)
     verdict: Verdict = verify(logits, tree, sampling, generator)
@@ -201,6 +206,8 @@ def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, 
     new, depths, finished = _clip(new, depths, stop_ids, generated, max_new_tokens)
     if drafter and not finished:
         drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
+    if sync_phases:
+        synchronize(dev)
     t3 = time.perf_counter()
     return StepTrace(
         step=step, tokens=new, token_depths=depths, text=decoded.add(new),

@@ -31,6 +31,74 @@ def test_load_prompts_accepts_turns_prompt_and_text(tmp_path):
     assert len(bench.load_prompts(f, limit=2)) == 2
 
 
+@pytest.mark.parametrize("content,fragment", [
+    ('{"turns": []}\n', ":1: no prompt"), ('{"prompt": "a"}\n{"category": "x"}\n', ":2: no prompt"),
+    ("not json\n", ":1: not JSON"), ("\n\n", "holds no prompts"), ('["a list"]\n', ":1: no prompt")])
+def test_bad_prompt_files_are_one_line_errors_naming_the_line(tmp_path, content, fragment):
+    f = tmp_path / "p.jsonl"
+    f.write_text(content)
+    with pytest.raises(FastEagleError, match=fragment):
+        bench.load_prompts(f)
+
+
+def test_a_bad_limit_or_missing_file_is_refused(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n')
+    with pytest.raises(FastEagleError, match="--limit"):
+        bench.load_prompts(f, limit=-1)
+    with pytest.raises(FastEagleError, match="cannot read"):
+        bench.load_prompts(tmp_path / "nope.jsonl")
+
+
+class _Step:
+    def __init__(self, parents: list[int], path: list[int]):
+        depths = [0] * len(parents)
+        for i, p in enumerate(parents):
+            depths[i] = depths[p] + 1 if p >= 0 else 0
+        self.tree, self.path = {"parents": parents, "depths": depths}, path
+
+
+def test_depth_acceptance_counts_a_depth_only_where_the_verifier_judged_it():
+    steps = [
+        _Step([-1, 0, 1], [0, 1, 2]),  # a chain, all accepted: depths 1 and 2 judged and accepted, nothing below
+        _Step([-1, 0, 0, 2], [0, 1]),  # depth 1 accepted at a leaf: depth 2 exists (under 2) but was not judged
+        _Step([-1, 0, 1, 2], [0]),  # depth 1 rejected: nothing deeper judged
+    ]
+    reached, accepted = bench._depth_acceptance(steps)
+    assert reached == [3, 1] and accepted == [2, 1]
+    row = {"tokens": [1, 2], "wall_s": 1.0, "forwards": 1, "steps": 1, "draft_ms": 1.0, "verify_ms": 1.0,
+           "accepted_lengths": [2], "depth_reached": [3, 1, 0], "depth_accepted": [2, 1, 0], "peak_mb": None}
+    assert bench.summarize({"lookup": [row]}, SamplingParams())["lookup"]["depth_acceptance"] == [0.667, 1.0, None]
+
+
+def test_ms_per_step_weighs_every_step_and_skips_prompts_without_one():
+    rows = [{"steps": 0, "draft_ms": 0.0, "verify_ms": 0.0}, {"steps": 3, "draft_ms": 2.0, "verify_ms": 9.0},
+            {"steps": 1, "draft_ms": 6.0, "verify_ms": 5.0}]
+    assert bench._per_step(rows, "draft_ms") == 3.0 and bench._per_step(rows, "verify_ms") == 8.0
+
+
+def test_methods_take_turns_going_first_and_warm_up_past_stop_tokens(tiny, monkeypatch):
+    calls = []
+
+    def fake(target, ids, method, drafter, max_new, sampling, seed, stop=True):
+        calls.append((method, max_new, stop))
+        return {"tokens": [1], "wall_s": 1.0, "forwards": 0, "steps": 0, "draft_ms": 0.0, "verify_ms": 0.0,
+                "accepted_lengths": [], "depth_reached": [], "depth_accepted": [], "peak_mb": None}
+
+    monkeypatch.setattr(bench, "time_one", fake)
+    bench.compare(tiny, {"vanilla": None, "lookup": None, "hf-generate": None}, PROMPTS * 2, max_new=12)
+    assert calls[:3] == [("vanilla", 16, False), ("lookup", 16, False), ("hf-generate", 16, False)]
+    firsts = [calls[3 + 3 * i][0] for i in range(4)]
+    assert firsts == ["vanilla", "lookup", "hf-generate", "vanilla"] and all(c[2] for c in calls[3:])
+
+
+def test_warmup_without_stops_decodes_every_token(tiny):
+    ids = chat_prompt_ids(tiny, "w10 w11")
+    for method in ("vanilla", "hf-generate"):
+        r = bench.time_one(tiny, ids, method, None, 9, SamplingParams(), 0, stop=False)
+        assert len(r["tokens"]) == 9
+
+
 @pytest.fixture(scope="module")
 def doc(tiny):
     methods = {"vanilla": None, "hf-generate": None, "lookup": LookupDrafter()}
@@ -41,7 +109,10 @@ def doc(tiny):
 def test_every_method_is_summarised(doc):
     m = doc["methods"]
     assert set(m) == {"vanilla", "hf-generate", "lookup"}
-    assert m["vanilla"]["speedup_vs_vanilla"] == 1.0
+    assert m["vanilla"]["speedup_vs_vanilla"] == 1.0 and m["vanilla"]["speedup_vs_vanilla_median"] == 1.0
+    rows = doc["rows"]
+    per_prompt = [(r["n"] / r["wall_s"]) / (v["n"] / v["wall_s"]) for r, v in zip(rows["lookup"], rows["vanilla"])]
+    assert m["lookup"]["speedup_vs_vanilla_median"] == round(statistics.median(per_prompt), 3)
     assert m["vanilla"]["tau"] == 1.0  # one token per forward without a drafter
     assert m["lookup"]["tau"] >= 1.0 and "depth_acceptance" in m["lookup"]
     assert "tau" not in m["hf-generate"]
@@ -94,6 +165,16 @@ def test_markdown_charts_and_readme(doc, tmp_path):
     text = readme.read_text()
     assert "old" not in text and "| lookup |" in text and text.startswith("top") and text.endswith("bottom\n")
     assert "made by `python -m fasteagle bench --limit 1`" in text  # each table cites its command
+
+
+def test_the_table_notes_sampling_and_shows_peak_memory_where_measured(doc):
+    assert "peak MB" not in bench.markdown_table(doc) and "Sampling" not in bench.markdown_table(doc)
+    sampled = copy.deepcopy(doc)
+    sampled["settings"]["temperature"] = 0.7
+    for m in sampled["methods"].values():
+        m["peak_mb"] = 812.4
+    table = bench.markdown_table(sampled)
+    assert "| peak MB |" in table and "| 812 |" in table and "not compared with vanilla" in table
 
 
 def test_per_prompt_speedups_pair_each_prompt_with_its_vanilla_run():

@@ -256,6 +256,18 @@ def test_empty_prompt(tiny):
         chat_prompt_ids(tiny, "  ")
 
 
+def test_sync_phases_waits_for_the_device_after_the_draft_and_after_extend(tiny, monkeypatch):
+    from fasteagle import generate as gen
+
+    calls = []
+    monkeypatch.setattr(gen, "synchronize", lambda dev: calls.append(dev))
+    ids = tiny_prompt(2)
+    plain = len(run(tiny, ids, drafter=LookupDrafter(), max_new_tokens=6, stop_ids=set())[1]), len(calls)
+    calls.clear()
+    steps = len(run(tiny, ids, drafter=LookupDrafter(), max_new_tokens=6, stop_ids=set(), sync_phases=True)[1])
+    assert steps == plain[0] and len(calls) == plain[1] + 2 * (steps - 1)
+
+
 @pytest.mark.parametrize("ids", [torch.zeros(0, dtype=torch.long), torch.tensor([[1, 5, 7]])])
 def test_input_ids_must_be_one_non_empty_row(tiny, ids):
     with pytest.raises(FastEagleError, match="1-D"):
