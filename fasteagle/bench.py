@@ -368,8 +368,9 @@ def markdown_table(doc: dict) -> str:
 
 
 def per_prompt(doc: dict) -> dict[str, list[dict]]:
-    """Each method's speedup over vanilla and tau on each prompt (what averages hide: which prompts a
-    drafter wins or loses on). Needs the vanilla rows; tau is None for Hugging Face's methods."""
+    """Each method's speedup over vanilla (tokens/s over tokens/s: sampled replies differ in length)
+    and tau on each prompt (what averages hide: which prompts a drafter wins or loses on). Needs the
+    vanilla rows; tau is None for Hugging Face's methods."""
     rows = doc.get("rows") or {}
     base = rows.get("vanilla")
     if not base:
@@ -378,10 +379,15 @@ def per_prompt(doc: dict) -> dict[str, list[dict]]:
     for name, rs in rows.items():
         if name == "vanilla":
             continue
-        out[name] = [{"id": r["id"], "category": r["category"], "speedup": v["wall_s"] / r["wall_s"],
+        out[name] = [{"id": r["id"], "category": r["category"], "speedup": _rate(r) / _rate(v),
                       "tau": statistics.fmean(r["accepted_lengths"]) if r.get("accepted_lengths") else None}
                      for r, v in zip(rs, base)]
     return out
+
+
+def _rate(row: dict) -> float:
+    """A row's tokens/s; rows without a token count (hand-made) time the same reply: 1 / wall time."""
+    return row.get("n", 1) / row["wall_s"]
 
 
 def charts(doc: dict, path: str | Path) -> None:

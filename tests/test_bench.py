@@ -188,6 +188,9 @@ def test_per_prompt_speedups_pair_each_prompt_with_its_vanilla_run():
     assert [(r["id"], r["speedup"], r["tau"]) for r in got["fasteagle"]] == [("a", 2.0, 2.0), ("b", 0.5, 1.0)]
     assert [r["tau"] for r in got["hf-generate"]] == [None, None]
     assert bench.per_prompt({"rows": {"fasteagle": doc["rows"]["fasteagle"]}}) == {}  # no vanilla, no ratios
+    sampled = {"rows": {"vanilla": [row | {"id": "a", "wall_s": 2.0, "n": 40}],
+                        "fasteagle": [row | {"id": "a", "wall_s": 1.0, "n": 10}]}}  # a shorter sample
+    assert bench.per_prompt(sampled)["fasteagle"][0]["speedup"] == 0.5
 
 
 def test_verify_cost_reports_every_size(tiny):
