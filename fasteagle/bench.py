@@ -1,6 +1,7 @@
 """Side-by-side measurement of decoding methods on prompt sets.
 
-Protocol: the same chat template and `max_new_tokens` for every method; one warmup run per method;
+Protocol: the same chat template and `max_new_tokens` for every method; one warmup run per method
+(the longest prompt, all `max_new_tokens`, stop tokens ignored);
 methods interleaved prompt by prompt (so drift hits all alike); device sync before each clock read.
 Reported per method, overall and per category: tokens/s (pooled, median and spread over prompts),
 speedup against our vanilla loop and against Hugging Face `generate`, tau (tokens per target
@@ -153,9 +154,11 @@ def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 1
     can still keep what it measured."""
     sampling = sampling or SamplingParams()
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
-    for ids in encoded[:warmup]:  # past any stop token: a prompt answered at once would warm no decode step
+    # Warm up on the longest prompt for the whole max_new, past any stop token: every decode path runs,
+    # and a drafter's fixed-shape step (a CUDA graph) is captured for the largest context the timed runs need.
+    for ids in sorted(encoded, key=lambda x: x.numel())[len(encoded) - warmup:]:
         for name, drafter in methods.items():
-            time_one(target, ids, name, drafter, 16, sampling, seed, stop=False)
+            time_one(target, ids, name, drafter, max_new, sampling, seed, stop=False)
     rows = {name: [] for name in methods}
     names = list(methods)
     for i, (p, ids) in enumerate(zip(tqdm(prompts, desc="bench", unit="prompt"), encoded)):

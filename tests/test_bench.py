@@ -87,7 +87,7 @@ def test_methods_take_turns_going_first_and_warm_up_past_stop_tokens(tiny, monke
 
     monkeypatch.setattr(bench, "time_one", fake)
     bench.compare(tiny, {"vanilla": None, "lookup": None, "hf-generate": None}, PROMPTS * 2, max_new=12)
-    assert calls[:3] == [("vanilla", 16, False), ("lookup", 16, False), ("hf-generate", 16, False)]
+    assert calls[:3] == [("vanilla", 12, False), ("lookup", 12, False), ("hf-generate", 12, False)]
     firsts = [calls[3 + 3 * i][0] for i in range(4)]
     assert firsts == ["vanilla", "lookup", "hf-generate", "vanilla"] and all(c[2] for c in calls[3:])
 
