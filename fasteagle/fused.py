@@ -40,7 +40,7 @@ class FusedLayer:
         every call, so it reads plain attributes only (a few microseconds, not tens)."""
         srcs = self._sources()
         weights = tuple(m.weight for m in srcs)
-        stamp = [(w.dtype, w.device, 0 if w.is_inference() else w._version) for w in weights]
+        stamp = [(w.data_ptr(), w.dtype, w.device, 0 if w.is_inference() else w._version) for w in weights]
         held = self._stamp
         if held and stamp == held[2] and all(a is b for a, b in zip(held[0] + held[1], srcs + weights)):
             return  # the same objects (compared as objects: an id can be reused), unchanged

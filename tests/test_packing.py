@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fasteagle import packing
@@ -87,6 +88,18 @@ def test_an_in_place_weight_change_is_repacked():
         lin.weight.mul_(2.0)  # e.g. an optimizer step on a drafter that was packed for a demo
         after = packed(x)
     torch.testing.assert_close(after, 2 * before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dtype_round_trip_swapping_the_weights_data_is_repacked():
+    """`.half().float()` gives the parameter new data (rounded) without a version bump."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 40, bias=False)
+    packed = PackedLinear.from_linear(lin)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        packed(x)
+        lin.half().float()
+        torch.testing.assert_close(packed(x), F.linear(x, lin.weight), rtol=1e-6, atol=1e-6)
 
 
 def test_only_fp32_cpu_modules_are_packed():

@@ -3,6 +3,7 @@ loop reproducing transformers' own greedy `generate` token for token."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -148,3 +149,85 @@ def test_gpu_attention_folds_grouped_heads_under_a_tree_mask(monkeypatch):
     monkeypatch.setattr(target_mod, "cpu_sdpa", counted)  # the CPU takes the GPU's path
     _agrees_with_stock_sdpa(exact=False)
     assert any(folded) and not all(folded)  # trees folded; one-token steps went the stock way
+
+
+def test_models_attending_within_a_sliding_window_are_named():
+    """The tree mask lets every layer see the whole context: a windowed model is refused at load."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    from fasteagle.target import sliding_window
+
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64)
+    assert sliding_window(MistralConfig(sliding_window=8, **small)) == 8
+    assert sliding_window(MistralConfig(sliding_window=None, **small)) is None
+    assert sliding_window(MistralConfig(sliding_window=4096, **small)) is None  # wider than its positions
+    assert sliding_window(Qwen2Config(use_sliding_window=True, sliding_window=8, max_window_layers=0, **small)) == 8
+    assert sliding_window(Qwen2Config(**small)) is None
+    assert sliding_window(LlamaConfig(**small)) is None
+
+
+def test_a_sliding_window_model_is_refused_with_one_line(tmp_path):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from tests.conftest import tiny_tokenizer
+
+    cfg = MistralConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=8)
+    MistralForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    with pytest.raises(FastEagleError, match="sliding window of 8 tokens"):
+        load_target(str(tmp_path / "m"), device="cpu")
+
+
+@pytest.mark.parametrize("device,fragment", [("gpu", "unknown device"), ("cuda", "no GPU is visible"),
+                                             ("cuda:3", "no GPU is visible"), ("mps", "MPS"),
+                                             ("meta", "unsupported device")])
+def test_devices_this_machine_lacks_are_one_line_errors(device, fragment):
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("this machine has an accelerator")
+    with pytest.raises(FastEagleError, match=fragment):
+        load_target(None, device=device)
+
+
+def test_a_wrong_option_does_not_rebuild_a_good_default_cache(smollm):
+    weights = next(default_target_dir().glob("*.safetensors"))
+    stamp = weights.stat().st_mtime_ns
+    with pytest.raises(FastEagleError):
+        load_target(None, device="cpu", attn_implementation="bogus")
+    assert weights.stat().st_mtime_ns == stamp
+
+
+def test_a_conversion_racing_another_keeps_the_first_finished_copy(tmp_path, monkeypatch):
+    """Each conversion writes its own directory and renames it into place; one that finds a finished
+    copy there already (another process won) succeeds, and leaves nothing behind."""
+    from fasteagle import target as T
+
+    out = tmp_path / "models" / "m"
+    stale = tmp_path / "models" / "m.tmp-old"
+    stale.mkdir(parents=True)
+    os.utime(stale, (0, 0))  # an interrupted conversion's leftover
+
+    def fake_convert(gguf, tmp):
+        (tmp / "config.json").write_text("{}")
+        (tmp / "tokenizer.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"mine")
+        if not out.exists():  # another process finishes first
+            out.mkdir()
+            for name in ("config.json", "tokenizer.json", "model.safetensors"):
+                (out / name).write_text("theirs")
+
+    monkeypatch.setattr(T, "_convert_into", fake_convert)
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"")
+    T.convert_gguf(gguf, out)
+    assert (out / "model.safetensors").read_text() == "theirs"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m"]  # no temporary directory left, the stale one gone
+
+    def failing(gguf, tmp):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(T, "_convert_into", failing)
+    with pytest.raises(OSError, match="disk full"):
+        T.convert_gguf(gguf, tmp_path / "models" / "n")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m"]
