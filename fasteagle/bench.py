@@ -69,6 +69,15 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
+def tuning_prompts(files: list[str], limit: int | None, n: int = 3) -> list[dict]:
+    """Prompts for `--tree auto` to tune on: `n` from past each file's `--limit`, taken in turn from
+    the files, so the budget is not picked on the prompts it is then measured on; the first `n`
+    measured ones where the files hold no more."""
+    spare = [load_prompts(f)[limit:] if limit else [] for f in files]
+    picked = [p for group in zip(*spare) for p in group] if all(spare) else [p for g in spare for p in g]
+    return picked[:n] if len(picked) >= n else [p for f in files for p in load_prompts(f, limit)][:n]
+
+
 def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: int, sampling: SamplingParams,
              seed: int, stop: bool = True) -> dict:
     """Decode one prompt with one method and measure it (`stop`=False: all `max_new` tokens, stop

@@ -272,9 +272,11 @@ def cmd_bench(args) -> int:
         return _report(doc, args.out)
     if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
         settings["tree_budget"], settings["tree_auto"] = {}, {}
+        tune = bench.tuning_prompts(files, args.limit)
+        settings["tree_auto_prompts"] = [p["id"] for p in tune]
         for m, d in methods.items():
             if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
-                choice = bench.auto_tree(target, d, prompts[:3])
+                choice = bench.auto_tree(target, d, tune)
                 settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
     def keep_so_far(rows: dict) -> None:  # a run killed by a time limit leaves what it measured
         done = len(next(iter(rows.values())))

@@ -41,6 +41,16 @@ def test_bad_prompt_files_are_one_line_errors_naming_the_line(tmp_path, content,
         bench.load_prompts(f)
 
 
+def test_auto_tree_tunes_on_prompts_outside_the_measured_ones(tmp_path):
+    chat, code = tmp_path / "chat.jsonl", tmp_path / "code.jsonl"
+    chat.write_text("".join(f'{{"prompt": "c{i}", "id": "c{i}"}}\n' for i in range(5)))
+    code.write_text("".join(f'{{"prompt": "k{i}", "id": "k{i}"}}\n' for i in range(4)))
+    ids = [p["id"] for p in bench.tuning_prompts([str(chat), str(code)], 2)]
+    assert ids == ["c2", "k2", "c3"]  # past each file's limit, the files taking turns
+    assert [p["id"] for p in bench.tuning_prompts([str(chat)], 4)] == ["c0", "c1", "c2"]  # one spare: measured ones
+    assert [p["id"] for p in bench.tuning_prompts([str(chat)], None)] == ["c0", "c1", "c2"]
+
+
 def test_a_bad_limit_or_missing_file_is_refused(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a"}\n')
