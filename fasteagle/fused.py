@@ -49,7 +49,8 @@ class FusedLayer:
         for s in srcs:  # their own inference copies are not used by this forward: free them
             if isinstance(s, WeightCopy):
                 s.release()
-        self._stamp = (srcs, weights, stamp)
+        # holding the weights' storages keeps their addresses from being reused by a swapped-in copy
+        self._stamp = (srcs, weights, stamp, [w.untyped_storage() for w in weights])
 
     def __call__(self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                  mask: torch.Tensor | None, cache=None) -> torch.Tensor:

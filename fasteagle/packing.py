@@ -75,6 +75,7 @@ class WeightCopy(nn.Module):
         self.bias = bias
         self._copy = None
         self._version = -1
+        self._storage = None
 
     @classmethod
     def from_linear(cls, linear: nn.Module) -> WeightCopy:
@@ -93,12 +94,13 @@ class WeightCopy(nn.Module):
         if self._copy is None or self._version != version:
             with torch.no_grad():
                 self._copy = self._make(self.weight.detach())
-            self._version = version
+            # held, so that no swapped-in copy of the weight can reuse its address (data_ptr) unnoticed
+            self._version, self._storage = version, w.untyped_storage()
         return self._copy
 
     def release(self) -> None:
         """Free the copy (it is made again on the next product that needs it)."""
-        self._copy, self._version = None, -1
+        self._copy, self._version, self._storage = None, -1, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._usable(x):
