@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import viz  # noqa: E402
 from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, make_drafter  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
-from fasteagle.generate import chat_prompt_ids, generate  # noqa: E402
+from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES  # noqa: E402
 from fasteagle.verify import SamplingParams  # noqa: E402
@@ -310,10 +310,7 @@ class Engine:
         ids = chat_prompt_ids(self.target, req.prompt)
         if ids.numel() > MAX_PROMPT_TOKENS:
             raise FastEagleError(f"the prompt is too long: {ids.numel()} tokens (at most {MAX_PROMPT_TOKENS})")
-        max_pos = getattr(self.target.model.config, "max_position_embeddings", None)
-        if max_pos and ids.numel() + req.max_new_tokens > max_pos:
-            raise FastEagleError(f"context too long: {ids.numel()} prompt + {req.max_new_tokens} new tokens exceed "
-                                 f"the model's {max_pos} positions; shorten the prompt or lower max new tokens")
+        check_context(self.target, ids.numel(), req.max_new_tokens)
         return ids
 
     def drafter(self, req: Request):

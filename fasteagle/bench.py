@@ -184,7 +184,7 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
     pooled = {name: sum(len(r["tokens"]) for r in rs) / sum(r["wall_s"] for r in rs) for name, rs in rows.items()}
     out = {}
     for name, rs in rows.items():
-        tps = sorted(len(r["tokens"]) / r["wall_s"] for r in rs)
+        tps = sorted(_rate(r) for r in rs)
         s = {"prompts": len(rs), "tokens": sum(len(r["tokens"]) for r in rs),
              "tokens_per_s": round(pooled[name], 2),
              "tokens_per_s_median": round(statistics.median(tps), 2),
@@ -193,9 +193,7 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
             if ref in pooled:  # pooled tokens/s over pooled tokens/s; the median of the per-prompt ratios too
                 key = f"speedup_vs_{ref.replace('-', '_')}"
                 s[key] = round(pooled[name] / pooled[ref], 3)
-                ratios = [(len(r["tokens"]) / r["wall_s"]) / (len(b["tokens"]) / b["wall_s"])
-                          for r, b in zip(rs, rows[ref])]
-                s[key + "_median"] = round(statistics.median(ratios), 3)
+                s[key + "_median"] = round(statistics.median(_rate(r) / _rate(b) for r, b in zip(rs, rows[ref])), 3)
         if rs[0]["forwards"] is not None:
             steps = sum(r["forwards"] for r in rs)
             # the prefill's token comes without a verify step, so it is not counted
@@ -398,8 +396,9 @@ def per_prompt(doc: dict) -> dict[str, list[dict]]:
 
 
 def _rate(row: dict) -> float:
-    """A row's tokens/s; rows without a token count (hand-made) time the same reply: 1 / wall time."""
-    return row.get("n", 1) / row["wall_s"]
+    """A row's tokens/s: a measured row holds its tokens, a written one their count `n`; rows with
+    neither (hand-made) time the same reply: 1 / wall time."""
+    return (len(row["tokens"]) if "tokens" in row else row.get("n", 1)) / row["wall_s"]
 
 
 def charts(doc: dict, path: str | Path) -> None:

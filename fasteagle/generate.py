@@ -91,6 +91,15 @@ def chat_prompt_ids(target: Target, prompt: str, system: str | None = None) -> t
     return torch.tensor(ids, dtype=torch.long)
 
 
+def check_context(target: Target, prompt_len: int, max_new_tokens: int) -> int:
+    """The model's number of positions, once it is clear the prompt and reply fit in them."""
+    max_pos = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
+    if prompt_len + max_new_tokens > max_pos:
+        raise FastEagleError(f"context too long: {prompt_len} prompt + {max_new_tokens} new tokens exceed the "
+                             f"model's {max_pos} positions; shorten the prompt or lower max new tokens")
+    return max_pos
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work, so a clock read after it times the work (no-op on a CPU)."""
     if device.type == "cuda":
@@ -124,13 +133,8 @@ def generate(
         raise FastEagleError("max_new_tokens must be at least 1")
     model, dev = target.model, target.device
     stop_ids = target.stop_ids() if stop_ids is None else stop_ids
-    max_pos = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    max_pos = check_context(target, input_ids.numel(), max_new_tokens)
     capacity = capacity or min(input_ids.numel() + max_new_tokens + tree_room, max_pos + tree_room)
-    if input_ids.numel() + max_new_tokens > max_pos:
-        raise FastEagleError(
-            f"context too long: {input_ids.numel()} prompt + {max_new_tokens} new tokens exceed the model's "
-            f"{max_pos} positions"
-        )
     if input_ids.numel() + max_new_tokens - 1 > capacity:  # the last token never enters the cache
         raise ContextOverflowError(
             f"context too long: {input_ids.numel()} prompt + {max_new_tokens} new tokens exceed the cache "
