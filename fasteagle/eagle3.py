@@ -93,7 +93,7 @@ class AutoregressiveDrafter(CascadedDrafter):
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:
-        room = capacity + self.cfg.depth * self.tree_k  # the draft's own temporary rows
+        room = capacity + self.cfg.depth * self._max_k()  # the draft's own temporary rows
         if self.cache is None or self.cache.capacity < room:
             self.cache = KVCache(1, room)
         self.cache.reset()
@@ -115,7 +115,7 @@ class AutoregressiveDrafter(CascadedDrafter):
     @torch.no_grad()
     def draft(self, root: int) -> DraftTree:
         """EAGLE-2 dynamic tree: one layer pass per depth over the k best frontier nodes."""
-        k, dev = self.tree_k if isinstance(self.tree_k, int) else max(self.tree_k), self.last.device
+        k, dev = self._max_k(), self.last.device
         prefix = self.cache.length
         logp = F.log_softmax(self.head(self.last, 1).float(), -1)
         top_lp, top_i = logp.topk(k)
@@ -134,8 +134,10 @@ class AutoregressiveDrafter(CascadedDrafter):
             h = self.step(g_in[frontier][None], tokens[frontier][None], pos, mask, self.cache)[0]
             expanded = rows
             child_lp, child_i = F.log_softmax(self.head(h, d).float(), -1).topk(k, -1)  # (f, k)
-            # strictly below the parent, so the final rerank keeps ancestors (ties cannot break it)
-            child_scores = (scores[frontier][:, None] + child_lp - 1e-6).reshape(-1)
+            # strictly below the parent, so the final rerank keeps ancestors (ties cannot break it); the
+            # margin grows with the score, since a fixed 1e-6 is lost in float32 below a score of -32
+            parent_scores = scores[frontier][:, None]
+            child_scores = (parent_scores + child_lp - 1e-6 * (1 + parent_scores.abs())).reshape(-1)
             c0 = tokens.numel()
             new = torch.arange(c0, c0 + f * k, device=dev)
             new_parents = frontier.repeat_interleave(k)

@@ -43,6 +43,11 @@ class WithLookup:
         self.drafter.reset(capacity)
         self.lookup.reset(capacity)
 
+    def rewind(self, length: int) -> None:
+        """Both drafters forget the positions from `length` on (`__getattr__` would reach the wrapped one only)."""
+        self.drafter.rewind(length)
+        self.lookup.rewind(length)
+
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
         self.drafter.extend(tokens, features, next_token)
         self.lookup.extend(tokens, None, next_token)

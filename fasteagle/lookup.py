@@ -39,6 +39,18 @@ class LookupDrafter:
                 if len(h) >= n:
                     self.starts.setdefault(tuple(h[-n:]), []).append(len(h) - n)
 
+    def rewind(self, length: int) -> None:
+        """Forget every position from `length` on, from the index too (a benchmark repeating one step,
+        as the trained drafters' `rewind`). Newest first: each position's entry is last in its list."""
+        h = self.history
+        while len(h) > length:
+            for n in range(self.min_ngram, min(self.max_ngram, len(h)) + 1):
+                key = tuple(h[-n:])
+                self.starts[key].pop()
+                if not self.starts[key]:
+                    del self.starts[key]
+            h.pop()
+
     def _continuations(self, root: int) -> list[list[int]]:
         """Distinct continuations after earlier matches of the longest matching suffix of history +
         [root], newest first. A match lies wholly in the history; its continuation may end with the root."""

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fasteagle.errors import FastEagleError
 from fasteagle.generate import generate, synchronize
 
 PHASES = ("target", "draft", "extend", "rest")
@@ -128,6 +129,9 @@ def profile_steps(target, methods: dict, ids_list: list[torch.Tensor], max_new: 
     for name, drafter in methods.items():
         _run(target, ids_list[:1], drafter, 8, sampling, count=False)  # warm-up (and graph capture)
         ms, _, steps, tokens = _run(target, ids_list, drafter, max_new, sampling, count=False)
+        if not steps:  # every reply ended with its first token (the prefill's): a mean of nothing
+            raise FastEagleError(f"no decode step to profile: every reply ended at its first token (a stop "
+                                 f"token, or max new tokens {max_new}); give more new tokens or other prompts")
         _, ops, _, _ = _run(target, ids_list, drafter, max_new, sampling, count=True)
         phases = {p: {"ms": round(ms[p] / steps, 3), "ops": round(ops[p] / steps, 1)}
                   for p in PHASES if drafter is not None or p in ("target", "rest")}

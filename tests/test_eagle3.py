@@ -121,3 +121,35 @@ def test_eagle3_trains_with_the_shared_pipeline(tiny, tmp_path):
     history = json.loads((out / "history.json").read_text())
     assert history[-1]["loss"] < history[0]["loss"]
     assert isinstance(load_drafter(out, tiny.model), AutoregressiveDrafter)
+
+
+def test_a_certain_child_of_an_unlikely_node_never_outranks_it(tiny):
+    """A child's score is its parent's plus log p - a margin; with p = 1 and a parent far below zero
+    (-40 here) a fixed 1e-6 margin vanished in float32, the child tied its parent, and the rerank
+    kept the child without it: a second root (parent -1, depth 0) in the verified tree."""
+    d = make(tiny, depth=2)
+    d.tree_k, d.tree_budget = 2, 4
+    ids = torch.randint(4, TINY_VOCAB, (8,))
+    d.reset(64)
+    d.extend(ids, feats(tiny, ids[None], d.cfg.feature_layers)[0], 5)
+
+    def head(h, depth, rows=None):  # depth 1: tokens 10 (p ~ 1) and 11 (log p = -40); below: 20 for sure
+        z = torch.full((*h.shape[:-1], TINY_VOCAB), -1e4)
+        z[..., 10 if depth == 1 else 20], z[..., 11 if depth == 1 else 21] = 0.0, -40.0 if depth == 1 else -60.0
+        return z
+
+    d.head = head
+    tree = d.draft(5)
+    assert tree.tokens.tolist() == [5, 10, 11, 20] and tree.parents.tolist() == [-1, 0, 0, 1]
+    assert tree.depths.tolist() == [0, 1, 1, 2]
+
+
+def test_a_per_depth_tree_k_drafts_with_its_largest_k(tiny):
+    """`tree_k` may be one k per depth, as for the cascade: drafting uses the largest, and `reset`
+    must size the draft's cache rows by it too (it failed with a TypeError on a list)."""
+    d = make(tiny, depth=3)
+    d.tree_k, d.tree_budget = [3, 2], 10
+    ids = torch.randint(4, TINY_VOCAB, (10,))
+    got, traces = run(tiny, ids, drafter=d, max_new_tokens=12)
+    assert got == run(tiny, ids, max_new_tokens=12)[0]
+    assert max(len(t.tree["tokens"]) for t in traces[1:]) > 1

@@ -58,3 +58,18 @@ def test_lookup_nodes_extend_the_inner_tree():
     assert tree.tokens[:n].tolist() == inner.trees[-1].tokens.tolist()
     # lookup's chain 7 -> 8 -> 5 -> 6 -> 7 hangs off the root unless the random chain shares its start
     assert set(tree.sources[n:].tolist()) <= {LOOKUP_SOURCE} and tree.size > n
+
+
+def test_rewind_rewinds_lookup_too():
+    """A rewind reaches both drafters: before, `__getattr__` handed it to the wrapped one alone, and
+    lookup went on drafting from positions the cache had dropped."""
+    class Rewinding(RandomDrafter):
+        def rewind(self, length):
+            self.history = self.history[:length]
+
+    inner = Rewinding(TINY_VOCAB, "chain", 2, 1, 64)
+    d = WithLookup(inner)
+    d.reset(100)
+    d.extend(torch.tensor([5, 6, 7, 8, 5, 6, 9, 5, 6]), None, 7)
+    d.rewind(5)
+    assert inner.history == [5, 6, 7, 8, 5] and d.lookup.history == [5, 6, 7, 8, 5]

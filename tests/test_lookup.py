@@ -153,3 +153,15 @@ def test_the_index_drafts_what_a_scan_of_the_history_finds(kw):
             tree = d.draft(root)
             tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
             assert (branches(tokens, parents) if len(tokens) > 1 else []) == scanned(d.history + [root], **spec)
+
+
+def test_rewind_forgets_the_positions_after_it():
+    """`rewind(n)` leaves the drafter as if only the first n tokens had come (index included), so a
+    repeated step drafts from what the cache holds, not from positions it dropped."""
+    text = [5, 6, 7, 8, 5, 6, 9, 5, 6]
+    d, fresh = LookupDrafter(), LookupDrafter()
+    d.extend(torch.tensor(text), None, 7)
+    d.rewind(5)
+    fresh.extend(torch.tensor(text[:5]), None, 6)
+    assert d.history == fresh.history and d.starts == fresh.starts
+    assert d.draft(6).tokens.tolist() == [6, 7, 8, 5, 6]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fasteagle import bench
+from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.profile import PHASES, markdown, profile_steps
 from tests.test_drafter import make
@@ -35,3 +36,9 @@ def test_phases_add_up_and_ops_are_counted(tiny):
     table = bench.markdown_table(doc)
     assert table == markdown(doc) and "| fasteagle |" in table and "| vanilla | 1.00 |" in table
     assert "| - | - |" in table.splitlines()[-2]  # vanilla has no draft or extend phase
+
+
+def test_no_decode_step_is_a_clear_error(tiny):
+    """One new token is the prefill's alone: nothing to profile, said plainly (it divided by zero)."""
+    with pytest.raises(FastEagleError, match="no decode step"):
+        profile_steps(tiny, {"vanilla": None}, [torch.tensor([5, 7, 9])], max_new=1)
