@@ -20,6 +20,7 @@ import ast
 import gzip
 import hashlib
 import json
+import pickle
 import re
 import sys
 import sysconfig
@@ -199,6 +200,20 @@ def in_split(conv_id: str, split: Split) -> bool:
     return is_holdout(conv_id) == (split == "holdout")
 
 
+def _prompt_key(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def holdout_prompt_keys(path: str | Path | None = None) -> set[str]:
+    """The first user prompts of the holdout split, case and whitespace folded.
+
+    ShareGPT repeats popular prompts under other ids, so the id split alone lets evaluation prompts
+    into training verbatim (4 of the 60 in sharegpt_holdout.jsonl had a train twin); the train split's
+    builders leave out conversations that open with one of these.
+    """
+    return {_prompt_key(first_user_prompt(c)) for c in iter_conversations(path) if is_holdout(c.id)}
+
+
 # --------------------------------------------------------------------------------------------
 # Tokenisation
 
@@ -299,16 +314,18 @@ def build_token_dataset(
     conversation. A conversation is skipped when fewer than `min_assistant_tokens` reply tokens
     survive truncation (nothing to learn), or when its first user prompt alone is `max_len` tokens
     or longer (no room for a regenerated reply), or with `english_only` when its first user prompt
-    is in another script or language (a small English target says little worth learning there).
-    `limit` caps the number kept; `skip` drops the first `skip` that would be kept, so a later run with
-    the same filters gets conversations an earlier `limit`-ed run did not see.
+    is in another script or language (a small English target says little worth learning there),
+    or, in the train split, when its first user prompt also opens a holdout conversation
+    (`holdout_prompt_keys`). `limit` caps the number kept; `skip` drops the first `skip` that would
+    be kept, so a later run with the same filters gets conversations an earlier `limit`-ed run did not see.
     """
     data: dict[str, list] = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
+    held = holdout_prompt_keys(path) if split == "train" else set()
     with tqdm(desc=f"tokenize {split}", unit="conv", total=limit) as bar:
         for conv in iter_conversations(path):
             if limit is not None and len(data["ids"]) >= limit:
                 break
-            if not in_split(conv.id, split):
+            if not in_split(conv.id, split) or _prompt_key(first_user_prompt(conv)) in held:
                 continue
             if english_only and not _looks_english(first_user_prompt(conv), min_ascii_letter_share=0.3):
                 continue
@@ -368,6 +385,9 @@ def reply_counts(data: dict[str, list], vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for ids, mask in zip(data["input_ids"], data["loss_mask"]):
         ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask, dtype=torch.bool)
+        if ids.numel() and int(ids.max()) >= vocab_size:  # else bincount's longer result fails to add
+            raise FastEagleError(f"token id {int(ids.max())} in a token dataset is outside the {vocab_size}-token "
+                                 "vocabulary: the dataset was made with another tokenizer")
         counts += torch.bincount(ids[mask], minlength=vocab_size)
     return counts
 
@@ -380,6 +400,10 @@ def load_token_dataset(path: str | Path, skip: int = 0, limit: int | None = None
         payload = torch.load(str(path), weights_only=True)
     except FileNotFoundError:
         raise FastEagleError(f"no token dataset at {path}; build one first") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, IsADirectoryError):
+        # not a torch file at all (a JSON, a directory, a cut download): torch's own message
+        # would suggest weights_only=False, which is no remedy here
+        raise FastEagleError(f"{path} is not a fasteagle token dataset") from None
     if not isinstance(payload, dict) or payload.get("format") != "fasteagle-token-dataset-v2":
         raise FastEagleError(f"{path} is not a fasteagle token dataset")
     keep = slice(skip, None if limit is None else skip + limit)
@@ -433,11 +457,14 @@ def build_prompt_dataset(tokenizer: Any, split: Split, max_prompt_tokens: int = 
                          path: str | Path | None = None) -> dict[str, list]:
     """First user turns of one split, chat-templated, for self-distillation: the target writes the
     replies, so ShareGPT's own replies are not needed. Prompts over 2000 characters or
-    `max_prompt_tokens` tokens, or under 8 characters, are skipped."""
+    `max_prompt_tokens` tokens, or under 8 characters, are skipped, and so are train prompts that
+    open a holdout conversation too (`holdout_prompt_keys`)."""
+    held = holdout_prompt_keys(path) if split == "train" else set()
     records = ({"id": conv.id, "prompt": text}
                for conv in tqdm(iter_conversations(path), desc=f"prompts {split}", unit="conv")
                if in_split(conv.id, split)
-               for text in [first_user_prompt(conv)] if 8 <= len(text.strip()) and len(text) <= 2000)
+               for text in [first_user_prompt(conv)]
+               if 8 <= len(text.strip()) and len(text) <= 2000 and _prompt_key(text) not in held)
     return build_text_prompt_dataset(tokenizer, records, max_prompt_tokens)
 
 
@@ -559,17 +586,23 @@ def holdout_chat_prompts(n: int, path: str | Path | None = None) -> list[dict[st
     Uses only chats that start at their beginning, keeps prompts of 20-1500 characters that look
     like English, drops near-duplicates (same first 60 characters, ShareGPT repeats popular prompts),
     and orders candidates by a hash of the id so the pick does not follow the file's topical clustering.
+    A prompt that also opens a train-split chat is left out: the shipped drafter was trained before the
+    train split left such twins out (`holdout_prompt_keys`), so it saw them (2 of the first 30 before).
     """
     candidates: dict[str, tuple[str, str]] = {}
+    in_train: set[str] = set()
     for conv in iter_conversations(path):
-        if conv.continued or not is_holdout(conv.id):
+        if not is_holdout(conv.id):
+            in_train.add(_prompt_key(first_user_prompt(conv)))
+            continue
+        if conv.continued:
             continue  # a continued segment's first prompt lacks its context
         text = first_user_prompt(conv).strip()
         if not (20 <= len(text) <= 1500) or not _looks_english(text) or _SHAREGPT_ARTIFACT in text:
             continue
-        key = " ".join(text.lower().split())[:60]
-        candidates.setdefault(key, (conv.id, text))
-    ordered = sorted(candidates.values(), key=lambda it: hashlib.sha256(it[0].encode()).hexdigest())
+        candidates.setdefault(_prompt_key(text)[:60], (conv.id, text))
+    fresh = [c for c in candidates.values() if _prompt_key(c[1]) not in in_train]
+    ordered = sorted(fresh, key=lambda it: hashlib.sha256(it[0].encode()).hexdigest())
     return [{"id": cid, "category": "chat", "turns": [text]} for cid, text in ordered[:n]]
 
 

@@ -4,12 +4,17 @@ target rewrites the training replies so the drafter learns what the target reall
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from fasteagle.errors import FastEagleError
 
 
 @dataclass
@@ -61,12 +66,34 @@ def length_batches(lengths: list[int], batch_tokens: int, max_batch: int = 64, s
     return batches
 
 
+def _digest(seqs) -> str:
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(len(s).to_bytes(8, "little") + array("q", s).tobytes())
+    return h.hexdigest()
+
+
+def _claim_dir(out: Path, inputs: dict) -> None:
+    """Refuse a shard directory written from other inputs, and mark it with these. Shards already on
+    disk are skipped (that is what makes a run resumable), so another dataset's or setting's shards
+    would be trained on silently, mixed with new ones, and a smaller dataset would still pick up a
+    larger one's extra shards. A time budget is no input: a resumed run may have more time."""
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    stamp = out / "inputs.sha256"
+    if stamp.exists() and stamp.read_text().strip() != key:
+        raise FastEagleError(f"{out} holds feature shards made from other data or settings; delete it or "
+                             "choose another feature directory (--feature-dir)")
+    out.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(key + "\n")
+
+
 def cache_features(model, data: dict, out_dir: str | Path, feature_layers: list[int], batch_tokens: int = 4096,
                    topk: int = 16) -> Path:
     """Run the target once over the dataset and store each batch as an fp16 shard (resumable:
-    shards already on disk are skipped)."""
+    shards already on disk are skipped; a directory made from other data or settings is refused)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _claim_dir(out, {"kind": "cache", "input_ids": _digest(data["input_ids"]), "loss_mask": _digest(data["loss_mask"]),
+                     "feature_layers": list(feature_layers), "batch_tokens": batch_tokens, "topk": topk})
     dev = next(model.parameters()).device
     batches = length_batches([len(s) for s in data["input_ids"]], batch_tokens, shuffle_seed=None)
     for b, idx in enumerate(tqdm(batches, desc="target features")):
@@ -155,11 +182,13 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
     signal, so no second target pass is needed (on a CPU that halves the cost of the data).
 
     Shards hold the last `keep_prompt` prompt tokens plus the reply (the drafter needs some prompt
-    context; the loss is on the reply only). Resumable: batch b goes to shard-b, skipped if present;
-    prompts are visited in `distill_order`.
+    context; the loss is on the reply only). Resumable: batch b goes to shard-b, skipped if present
+    (a directory made from other prompts or settings is refused); prompts are visited in `distill_order`.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    _claim_dir(out, {"kind": "distill", "prompts": _digest(prompts), "feature_layers": list(feature_layers),
+                     "max_new_tokens": max_new_tokens, "batch_size": batch_size, "sample_every": sample_every,
+                     "topk": topk, "keep_prompt": keep_prompt, "seed": seed})
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop = set(_as_list(model.generation_config.eos_token_id)) | {tokenizer.eos_token_id}

@@ -9,12 +9,14 @@ the coverage and the data. The README's "The draft vocabulary" says how the ship
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from fasteagle.drafter import CascadedDrafter
+from fasteagle.errors import FastEagleError
 from fasteagle.train import data
 
 
@@ -35,10 +37,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--data", nargs="+", required=True, help="saved token datasets (e.g. distilled replies)")
     p.add_argument("--out", default=None, help="write the drafter here instead")
     args = p.parse_args(argv)
-    d = CascadedDrafter.load(args.drafter)
-    counts = reply_counts(args.data, d.cfg.vocab_size)
-    before = coverage(d.compact_vocab, counts)
-    d.set_compact_vocab(args.size, counts)
+    if args.size < 1:
+        p.error("--size must be at least 1")
+    try:  # a missing drafter or dataset, or a size over the draft vocab: one line, not a traceback
+        d = CascadedDrafter.load(args.drafter)
+        counts = reply_counts(args.data, d.cfg.vocab_size)
+        before = coverage(d.compact_vocab, counts)
+        d.set_compact_vocab(args.size, counts)
+    except FastEagleError as e:
+        print(f"fasteagle: {e}", file=sys.stderr)
+        return 1
     after = coverage(d.compact_vocab, counts)
     names = set(type(d.cfg).__dataclass_fields__)
     extra = {k: v for k, v in d.info.items() if k not in names}

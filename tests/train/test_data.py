@@ -225,6 +225,22 @@ def test_build_token_dataset_splits_and_roundtrip(tok, tmp_path: Path) -> None:
     assert out.stat().st_size < 2 * n_tokens + 20_000  # uint16 ids, the mask as runs, pickle overhead
 
 
+def test_train_split_leaves_out_prompts_that_open_a_holdout_chat(tok, tmp_path: Path) -> None:
+    """ShareGPT repeats popular prompts under other ids: a train chat opening with a holdout prompt
+    (case and spacing aside) would put an evaluation prompt into training."""
+    fox = "the quick brown fox jumps over the lazy dog"
+    records = [_rec(str(i), ("human", f"question {i}"), ("gpt", fox)) for i in range(10)]
+    records[7] = _rec("7", ("human", "  Question   2 "), ("gpt", fox))  # "2" is holdout
+    records.append(_rec("cut", ("human", "x")))
+    path = tmp_path / "data.json"
+    _write_truncated(path, records)
+    assert D.holdout_prompt_keys(path) == {"question 2"}
+    train = D.build_token_dataset(tok, "train", max_len=64, path=path)["ids"]
+    assert train == ["0", "1", "3", "4", "5", "6", "8", "9"]
+    assert D.build_prompt_dataset(tok, "train", path=path)["ids"] == train
+    assert D.build_prompt_dataset(tok, "holdout", path=path)["ids"] == ["2"]
+
+
 def test_save_load_edge_cases(tmp_path: Path) -> None:
     big = {
         "input_ids": [[70_000, 1, 2, 3, 4, 5], [], [7, 8]],
@@ -238,6 +254,21 @@ def test_save_load_edge_cases(tmp_path: Path) -> None:
         D.save_token_dataset({**big, "loss_mask": [[1], [], []]}, tmp_path / "bad.pt")
     with pytest.raises(FastEagleError):
         D.load_token_dataset(tmp_path / "missing.pt")
+
+
+def test_unreadable_datasets_are_clear_errors(tmp_path: Path) -> None:
+    """A path that is no token dataset (the ShareGPT JSON, a directory, a cut copy) or ids beyond the
+    vocabulary (another tokenizer's dataset) are one-line errors, not torch tracebacks."""
+    good = {"input_ids": [[1, 500]], "loss_mask": [[0, 1]], "prompt_ids": [[1]], "ids": ["a"]}
+    D.save_token_dataset(good, tmp_path / "ok.pt")
+    (tmp_path / "share.json").write_text('[{"id": "a"}]', encoding="utf-8")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "ok.pt").read_bytes()[:200])
+    for bad in ("share.json", "cut.pt", "."):
+        with pytest.raises(FastEagleError, match="not a fasteagle token dataset"):
+            D.load_token_dataset(tmp_path / bad)
+    assert D.reply_counts(good, 501)[500] == 1
+    with pytest.raises(FastEagleError, match="another tokenizer"):
+        D.reply_counts(good, 320)
 
 
 def _prompt_file(n: int) -> dict[str, list]:
@@ -289,9 +320,10 @@ def test_write_prompt_files_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         _rec("93_0", ("human", "여기서 값들을 추적해줘 please track the loss values"), ("gpt", "a")),  # not English
         _rec("2_1", ("human", "And what flour should I use for it then?"), ("gpt", "a")),  # mid-chat segment
         _rec("7_0", ("human", "A train question that must never be used for eval"), ("gpt", "a")),
+        _rec("214_0", ("human", "A TRAIN question that must never be used  for eval"), ("gpt", "b")),  # a train twin
         _rec("cut_0", ("human", "x")),
     ]
-    assert all(D.is_holdout(i) for i in holdout_ids) and not D.is_holdout("7_0")
+    assert all(D.is_holdout(i) for i in holdout_ids + ["214_0"]) and not D.is_holdout("7_0")
     sharegpt = tmp_path / "share.json"
     _write_truncated(sharegpt, records)
     humaneval = tmp_path / "HumanEval.jsonl.gz"

@@ -61,3 +61,19 @@ def test_command_rewrites_only_the_compact_vocab(tiny, tmp_path, capsys):
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg["training"] == {"steps": 3} and cfg["compact_vocab"]["size"] == 4
     assert cfg["compact_vocab"]["data"] == ["r.pt"] and cfg["compact_vocab"]["reply_tokens"] == 6
+
+
+def test_command_errors_are_one_line(tiny, tmp_path, capsys):
+    """A missing drafter, a size over the draft vocab, or another tokenizer's data: exit 1 and a
+    `fasteagle:` line, not a traceback."""
+    make(tiny).save(tmp_path / "d")
+    ok = {"ids": ["a"], "prompt_ids": [[1]], "input_ids": [[1, 9]], "loss_mask": [[0, 1]]}
+    save_token_dataset(ok, tmp_path / "r.pt")
+    save_token_dataset(ok | {"input_ids": [[1, 4000]]}, tmp_path / "other.pt")
+    for argv in ([str(tmp_path / "missing"), "--size", "4", "--data", str(tmp_path / "r.pt")],
+                 [str(tmp_path / "d"), "--size", str(TINY_VOCAB + 1), "--data", str(tmp_path / "r.pt")],
+                 [str(tmp_path / "d"), "--size", "4", "--data", str(tmp_path / "other.pt")]):
+        assert vocab.main(argv) == 1
+        assert capsys.readouterr().err.startswith("fasteagle: ")
+    with pytest.raises(SystemExit):
+        vocab.main([str(tmp_path / "d"), "--size", "0", "--data", str(tmp_path / "r.pt")])
