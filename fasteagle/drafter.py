@@ -375,7 +375,9 @@ class CascadedDrafter(nn.Module):
             return F.linear(z.to(w.dtype), w)
         cls = copy_class(self.packing, w.shape[1])
         if type(self._head_packed) is not cls or self._head_packed.weight is not w:
-            self._head_packed = cls(w)
+            # kept out of the module tree: as a child module its `weight`, the target's own head, would join
+            # this drafter's parameters and saved file, and the drafter's `.to()` would convert it
+            object.__setattr__(self, "_head_packed", cls(w))
         return self._head_packed(z.to(w.dtype))
 
     @property
@@ -481,8 +483,16 @@ class CascadedDrafter(nn.Module):
             self.fixed_step.reset(capacity)
         if self.mode() != "dynamic":
             return
-        if self.cache is None or self.cache.capacity < capacity:
-            self.cache = KVCache(self.cfg.num_layers, capacity)
+        self._reuse_cache(self.cfg.num_layers, capacity)
+
+    def _reuse_cache(self, layers: int, capacity: int) -> None:
+        """Reset the dynamic cache, or make a new one where it is too small or was made before the
+        drafter moved to another dtype or device (its keys would be cast on write, and attention fail)."""
+        w = self.fc.weight
+        if self.cache is None or self.cache.capacity < capacity or any(
+                layer.is_initialized and (layer.keys.dtype, layer.keys.device) != (w.dtype, w.device)
+                for layer in self.cache.layers):
+            self.cache = KVCache(layers, capacity)
         self.cache.reset()
 
     def rewind(self, length: int) -> None:
@@ -518,7 +528,7 @@ class CascadedDrafter(nn.Module):
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
-        """Feed newly accepted positions through all N layers; keep each layer's last output."""
+        """Feed newly accepted positions through the active layers (see `reset`); keep each one's last output."""
         if self.mode() != "dynamic":
             step, spec = self.fixed_step, self._tree_spec()
             if step is None or (step.length == 0 and not step.fits(self._capacity, self.active_layers, self._max_k(),
@@ -611,7 +621,11 @@ class CascadedDrafter(nn.Module):
         drafter = cls(cfg)
         state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in load_file(f).items()}
         drafter.compact_vocab = state.pop(COMPACT_VOCAB_KEY, None)
-        drafter.load_state_dict(state)
+        try:
+            drafter.load_state_dict(state)
+        except RuntimeError as exc:  # tensors of other shapes or names than config.json describes
+            detail = str(exc).splitlines()[1:2] or [str(exc)]
+            raise FastEagleError(f"the weights at {path} do not match its config.json: {detail[0].strip()}") from None
         drafter.info, drafter.path = raw, str(path)
         if target_model is not None:
             drafter.attach(target_model)
@@ -627,7 +641,7 @@ def load_drafter(path: str | Path, target_model: nn.Module | None = None, int8: 
     from fasteagle.eagle3 import AutoregressiveDrafter
 
     cfg_file = Path(path) / "config.json"
-    kind = json.loads(cfg_file.read_text()).get("kind", "fasteagle") if cfg_file.exists() else "fasteagle"
+    kind = read_config(path)[0].get("kind", "fasteagle") if cfg_file.exists() else "fasteagle"
     cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter)}.get(kind)
     if cls is None:
         raise FastEagleError(f"{path} holds an unknown drafter kind {kind!r}")
@@ -638,6 +652,8 @@ def read_config(path: str | Path) -> tuple[dict, DrafterConfig]:
     """A drafter directory's config.json, raw and as a DrafterConfig (without loading weights)."""
     try:
         raw = json.loads((Path(path) / "config.json").read_text())
+        if not isinstance(raw, dict):
+            raise TypeError("not a JSON object")
         names = DrafterConfig.__dataclass_fields__
         return raw, DrafterConfig(**{k: v for k, v in raw.items() if k in names})
     except (OSError, ValueError, TypeError) as exc:

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
-from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
+from fasteagle.kvcache import attention_mask, causal_ancestors
 from fasteagle.tree import DraftTree, dynamic
 
 
@@ -93,10 +93,7 @@ class AutoregressiveDrafter(CascadedDrafter):
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:
-        room = capacity + self.cfg.depth * self._max_k()  # the draft's own temporary rows
-        if self.cache is None or self.cache.capacity < room:
-            self.cache = KVCache(1, room)
-        self.cache.reset()
+        self._reuse_cache(1, capacity + self.cfg.depth * self._max_k())  # room for the draft's own temporary rows
         self.last = None
 
     @torch.no_grad()

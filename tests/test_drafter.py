@@ -3,10 +3,12 @@ inference equal to a full forward, save/load, refusing another target's drafter,
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from tests.conftest import TINY_VOCAB, tiny_target
@@ -326,6 +328,57 @@ def test_a_drafter_for_another_target_is_refused(tiny, tmp_path):
 def test_missing_drafter_is_a_clear_error(tmp_path, tiny):
     with pytest.raises(FastEagleError, match="no drafter"):
         CascadedDrafter.load(tmp_path / "nothing", tiny.model)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_a_corrupt_drafter_config_is_a_clear_error(tiny, tmp_path, text):
+    """A config.json that is not a JSON object: one FastEagleError whichever loader reads it."""
+    make(tiny).save(tmp_path)
+    (tmp_path / "config.json").write_text(text)
+    for load in (load_drafter, CascadedDrafter.load):
+        with pytest.raises(FastEagleError, match="cannot read the drafter config"):
+            load(tmp_path, tiny.model)
+
+
+def test_weights_that_do_not_match_the_config_are_a_clear_error(tiny, tmp_path):
+    make(tiny).save(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"intermediate": 64}))
+    with pytest.raises(FastEagleError, match="do not match its config.json"):
+        CascadedDrafter.load(tmp_path, tiny.model)
+
+
+def test_a_packed_drafter_keeps_the_targets_head_out_of_its_own_weights(tmp_path):
+    """The packed head copy wraps the target's frozen head: drafting adds nothing to the drafter's
+    parameters or saved file (which loads back), and moving the drafter leaves the target's head alone."""
+    t = tiny_target()
+    d = make(t).pack_for_cpu(False)
+    if d.packing is None:
+        pytest.skip("this PyTorch build cannot prepack linear layers")
+    names = set(d.state_dict())
+    d.depth_probs(last_hidden(t, d))  # makes the head's packed copy
+    assert d._head_packed is not None and set(d.state_dict()) == names
+    assert all(p is not t.model.lm_head.weight for p in d.parameters())
+    d.save(tmp_path, dtype=torch.float32)
+    e = CascadedDrafter.load(tmp_path, t.model)
+    for k, v in d.state_dict().items():
+        assert torch.equal(e.state_dict()[k], v), k
+    d.to(torch.float64)
+    assert t.model.lm_head.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_a_drafter_moved_to_another_dtype_between_sequences_still_drafts(mode):
+    """`reset` starts the next sequence in the drafter's current dtype: a KV cache made for the old
+    one is made again, not written into with silent casts (attention then refuses mixed dtypes)."""
+    t = tiny_target()
+    d = make(t)
+    d.tree_k, d.tree_budget, d.step_mode = 4, 8, mode
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9])
+    assert run(t, prompt, drafter=d, max_new_tokens=6)[0] == run(t, prompt, max_new_tokens=6)[0]
+    t.model.to(torch.float64)
+    d.to(torch.float64)
+    assert run(t, prompt, drafter=d, max_new_tokens=6)[0] == run(t, prompt, max_new_tokens=6)[0]
 
 
 def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):

@@ -11,7 +11,7 @@ from fasteagle.eagle3 import AutoregressiveDrafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.tree import dynamic
-from tests.conftest import TINY_VOCAB
+from tests.conftest import TINY_VOCAB, tiny_target
 
 
 def make(target, depth=5) -> AutoregressiveDrafter:
@@ -153,3 +153,15 @@ def test_a_per_depth_tree_k_drafts_with_its_largest_k(tiny):
     got, traces = run(tiny, ids, drafter=d, max_new_tokens=12)
     assert got == run(tiny, ids, max_new_tokens=12)[0]
     assert max(len(t.tree["tokens"]) for t in traces[1:]) > 1
+
+
+def test_a_drafter_moved_to_another_dtype_between_sequences_still_drafts():
+    """As the cascade's: `reset` makes the draft cache again in the drafter's new dtype."""
+    t = tiny_target()
+    d = make(t)
+    d.tree_k, d.tree_budget = 4, 8
+    prompt = torch.tensor([5, 7, 9, 11, 7, 9])
+    assert run(t, prompt, drafter=d, max_new_tokens=6)[0] == run(t, prompt, max_new_tokens=6)[0]
+    t.model.to(torch.float64)
+    d.to(torch.float64)
+    assert run(t, prompt, drafter=d, max_new_tokens=6)[0] == run(t, prompt, max_new_tokens=6)[0]
