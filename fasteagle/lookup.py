@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from fasteagle.errors import FastEagleError
 from fasteagle.tree import DraftTree, make_tree, root_only
 
 
@@ -22,6 +23,9 @@ class LookupDrafter:
     feature_layers: tuple[int, ...] = ()
 
     def __init__(self, max_ngram: int = 3, depth: int = 8, branches: int = 2, min_ngram: int = 1):
+        if not (1 <= min_ngram <= max_ngram and depth >= 1 and branches >= 1):
+            raise FastEagleError(f"lookup needs 1 <= min_ngram <= max_ngram, depth >= 1 and branches >= 1 (got "
+                                 f"min_ngram={min_ngram}, max_ngram={max_ngram}, depth={depth}, branches={branches})")
         self.max_ngram, self.depth, self.branches, self.min_ngram = max_ngram, depth, branches, min_ngram
         self.device = torch.device("cpu")
         self.reset()

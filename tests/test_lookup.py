@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.lookup import LookupDrafter
 from tests.conftest import TINY_VOCAB
@@ -165,3 +166,10 @@ def test_rewind_forgets_the_positions_after_it():
     fresh.extend(torch.tensor(text[:5]), None, 6)
     assert d.history == fresh.history and d.starts == fresh.starts
     assert d.draft(6).tokens.tolist() == [6, 7, 8, 5, 6]
+
+
+@pytest.mark.parametrize("kw", [dict(min_ngram=0), dict(min_ngram=4, max_ngram=3), dict(depth=0), dict(branches=0)])
+def test_settings_that_cannot_draft_are_refused(kw):
+    """A 0-gram would match everywhere and a depth of 0 drafts nothing: said at once, not as an IndexError later."""
+    with pytest.raises(FastEagleError, match="lookup needs"):
+        LookupDrafter(**kw)
