@@ -174,3 +174,71 @@ class OracleDrafter(_ProtocolDrafter):
             probs[d, 1:k] = self.side / max(k - 1, 1)
             probs[d, k:] = 1e-6 * torch.arange(self.kmax - k, 0, -1)  # outside this depth's k: never kept
         return probs
+
+
+def steer(drafter, reference: list[int], corrupt: float = 0.25, seed: int = 0):
+    """Nudge a real (untrained) drafter towards `reference`, the vanilla output, so that its drafts
+    get accepted: an untrained cascade or EAGLE-3-style drafter accepts nothing on the tiny target,
+    and a lossless test on it never commits a drafted token (nor extends the drafter by more than
+    the root). Its layers, caches, top-k and tree building all still run; only its distributions
+    change: at each depth the true next token becomes the top-1 unless (with probability
+    `corrupt`) that depth is left alone. Patches the instance; returns it."""
+    state = {"seen": 0, "prompt": None, "ids": None, "gen": torch.Generator()}
+    orig_reset, orig_extend = drafter.reset, drafter.extend
+
+    def reset(capacity: int = 4096) -> None:
+        state.update(seen=0, prompt=None, ids=None)
+        state["gen"].manual_seed(seed)
+        orig_reset(capacity)
+
+    def extend(tokens: torch.Tensor, features, next_token: int) -> None:
+        if state["prompt"] is None:
+            state["prompt"] = tokens.numel()
+        state["seen"] += tokens.numel()
+        orig_extend(tokens, features, next_token)
+
+    def truth(depth: int) -> int | None:
+        """The draft-vocab row of the true token `depth` below the root, unless corrupted."""
+        g = state["seen"] - state["prompt"]  # index of the root in the generated output
+        if float(torch.rand((), generator=state["gen"])) < corrupt or g + depth >= len(reference):
+            return None
+        row = int(drafter.to_draft_ids(torch.tensor([reference[g + depth]]))[0])
+        return row if row >= 0 else None
+
+    drafter.reset, drafter.extend = reset, extend
+    if hasattr(drafter, "depth_outputs") and hasattr(drafter, "step"):  # EAGLE-3 style: one head call per depth
+        orig_step, orig_head = drafter.step, drafter.head
+
+        def step(g, next_ids, *a, **k):
+            state["ids"] = next_ids[0]  # while drafting: the frontier nodes' own tokens
+            return orig_step(g, next_ids, *a, **k)
+
+        def head(h, depth, rows=None):
+            z = orig_head(h, depth, rows)
+            row = truth(depth) if rows is None else None
+            if row is None:
+                return z
+            z = z.clone()
+            if depth == 1:
+                z[..., row] = z.max() + 8
+            else:  # under the frontier nodes holding the true previous token
+                prev = reference[state["seen"] - state["prompt"] + depth - 1]
+                on = state["ids"] == prev
+                z[on, row] = z[on].max(-1).values + 8
+            return z
+
+        drafter.step, drafter.head = step, head
+    else:  # the cascade: every depth's distribution in one call (dynamic and fixed steps alike)
+        orig_probs = drafter.depth_probs
+
+        def depth_probs(last=None):
+            p = orig_probs(last).clone()
+            for a in range(1, p.shape[0] + 1):
+                row = truth(a)
+                if row is not None:
+                    p[a - 1] *= 0.5
+                    p[a - 1, row] += 0.5
+            return p
+
+        drafter.depth_probs = depth_probs
+    return drafter

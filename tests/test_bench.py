@@ -124,7 +124,11 @@ def test_every_method_is_summarised(doc):
     per_prompt = [(r["n"] / r["wall_s"]) / (v["n"] / v["wall_s"]) for r, v in zip(rows["lookup"], rows["vanilla"])]
     assert m["lookup"]["speedup_vs_vanilla_median"] == round(statistics.median(per_prompt), 3)
     assert m["vanilla"]["tau"] == 1.0  # one token per forward without a drafter
-    assert m["lookup"]["tau"] >= 1.0 and "depth_acceptance" in m["lookup"]
+    # lookup's copies were accepted (the code prompt repeats itself), and its tau is the mean accepted length
+    lengths = [n for r in rows["lookup"] for n in r["accepted_lengths"]]
+    assert m["lookup"]["tau"] > 1.2 and m["lookup"]["tau"] == pytest.approx(statistics.fmean(lengths), abs=1e-3)
+    assert sum(m["lookup"]["accepted_length_histogram"]) == len(lengths) == sum(r["forwards"] for r in rows["lookup"])
+    assert len(m["lookup"]["depth_acceptance"]) > 1 and 0 < m["lookup"]["depth_acceptance"][0] <= 1
     assert "tau" not in m["hf-generate"]
     assert set(doc["per_category"]) == {"chat", "code"}
 
@@ -205,7 +209,10 @@ def test_per_prompt_speedups_pair_each_prompt_with_its_vanilla_run():
 
 def test_verify_cost_reports_every_size(tiny):
     cost = bench.verify_cost(tiny, sizes=(1, 4, 8), prefix=16, reps=2)
-    assert set(cost["ms"]) == {"1", "4", "8"} and cost["relative"]["1"] == 1.0
+    assert set(cost["ms"]) == set(cost["relative"]) == {"1", "4", "8"} and cost["relative"]["1"] == 1.0
+    assert cost["prefix"] == 16 and all(ms > 0 for ms in cost["ms"].values())
+    for t in ("4", "8"):  # each size's time over the one-token step's
+        assert cost["relative"][t] == pytest.approx(cost["ms"][t] / cost["ms"]["1"], rel=0.05, abs=0.02)
 
 
 @pytest.mark.skipif(not packing.available(), reason="this PyTorch build has no oneDNN linear ops")

@@ -12,6 +12,7 @@ from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from tests.conftest import TINY_VOCAB, tiny_target
+from tests.drafters import steer
 
 N = 4
 
@@ -426,6 +427,8 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
 @pytest.mark.parametrize("shape", ["product", "backbone"])
 @pytest.mark.parametrize("k,budget", [(1, 5), (4, 20), (10, 60)])
 def test_untrained_cascade_is_lossless(tiny, k, budget, shape):
+    """Untrained, the cascade's drafts are all rejected; steered towards the reply (its layers, caches
+    and trees still its own) they are accepted, deep paths included: both give vanilla's output."""
     d = make(tiny)
     d.tree_k, d.tree_budget, d.tree_shape = k, budget, shape
     ids = torch.randint(4, TINY_VOCAB, (10,))
@@ -433,6 +436,11 @@ def test_untrained_cascade_is_lossless(tiny, k, budget, shape):
     got, traces = run(tiny, ids, drafter=d, max_new_tokens=30)
     assert got == want
     assert max(len(t.tree["tokens"]) for t in traces[1:]) <= budget
+    got, traces = run(tiny, ids, drafter=steer(d, want), max_new_tokens=30)
+    assert got == want
+    assert max(len(t.tree["tokens"]) for t in traces[1:]) <= budget
+    assert traces[-1].tau > 2.0 and max(len(t.path) for t in traces[1:]) > min(N, budget - 1, 4), \
+        "the steered drafts must be accepted, deep paths included"
 
 
 SHIPPED_PROMPTS = ["Explain what a hash table is to a beginner.",

@@ -11,6 +11,7 @@ from fasteagle.draftgraph import graphs_wanted
 from fasteagle.generate import run
 from fasteagle.kvcache import ContextOverflowError
 from tests.conftest import TINY_VOCAB
+from tests.drafters import steer
 from tests.test_drafter import features, make
 
 
@@ -50,11 +51,13 @@ def test_static_steps_equal_dynamic_steps(tiny):
 def test_static_step_decodes_losslessly(tiny):
     prompt = torch.tensor([5, 7, 9, 11, 7, 9, 11, 13])
     want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
-    dyn, sta = pair(tiny)
+    dyn, sta = (steer(d, want) for d in pair(tiny))  # untrained, nothing would be accepted
     got_dyn, tr_dyn = run(tiny, prompt, drafter=dyn, max_new_tokens=30, stop_ids=set())
     got_sta, tr_sta = run(tiny, prompt, drafter=sta, max_new_tokens=30, stop_ids=set())
     assert got_sta == got_dyn == want
     assert [t.tree["tokens"] for t in tr_sta[1:]] == [t.tree["tokens"] for t in tr_dyn[1:]]
+    # accepted paths of several lengths: the padded steps fed 2 or more rows, in the loop
+    assert len({len(t.path) for t in tr_sta[1:]}) >= 3 and tr_sta[-1].tau > 2.0
     # a second sequence reuses the step (and its buffers) from the start
     step = sta.fixed_step
     again, _ = run(tiny, prompt, drafter=sta, max_new_tokens=30, stop_ids=set())
@@ -67,12 +70,12 @@ def test_a_step_that_builds_its_own_tree_decodes_the_same(tiny):
     keeps its own tree though the next step rebuilds in the same tensors."""
     prompt = torch.tensor([5, 7, 9, 11, 7, 9, 11, 13])
     want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
-    _, host = pair(tiny)
-    _, dev = pair(tiny)
+    host, dev = steer(pair(tiny)[1], want), steer(pair(tiny)[1], want)  # so that drafts are accepted
     dev.tree_on_device = True
     got_host, tr_host = run(tiny, prompt, drafter=host, max_new_tokens=30, stop_ids=set())
     got_dev, tr_dev = run(tiny, prompt, drafter=dev, max_new_tokens=30, stop_ids=set())
     assert got_dev == got_host == want
+    assert tr_dev[-1].tau > 2.0 and max(len(t.path) for t in tr_dev[1:]) > 3
     assert dev.fixed_step.tree_spec == ((4,) * dev.num_depths, 16) and host.fixed_step.tree_spec is None
     assert [t.tree for t in tr_dev[1:]] == [t.tree for t in tr_host[1:]]
     dev.tree_shape = "backbone"  # the paper's tree: built by the host again

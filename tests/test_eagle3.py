@@ -12,6 +12,7 @@ from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.tree import dynamic
 from tests.conftest import TINY_VOCAB, tiny_target
+from tests.drafters import steer
 
 
 def make(target, depth=5) -> AutoregressiveDrafter:
@@ -90,6 +91,8 @@ def test_a_small_tree_drafts_only_the_depths_it_can_reach(tiny, budget, monkeypa
 
 @pytest.mark.parametrize("k,budget,depth", [(1, 8, 7), (4, 20, 4), (10, 60, 7)])
 def test_eagle3_drafting_is_lossless(tiny, k, budget, depth):
+    """Untrained, every draft is rejected; steered towards the reply (its layer, cache and dynamic
+    tree still its own) drafts are accepted, deep paths included: both give vanilla's output."""
     d = make(tiny, depth=depth)
     d.tree_k, d.tree_budget = k, budget
     ids = torch.randint(4, TINY_VOCAB, (10,))
@@ -98,6 +101,11 @@ def test_eagle3_drafting_is_lossless(tiny, k, budget, depth):
     assert got == want
     assert all(len(t.tree["tokens"]) <= budget for t in traces[1:])
     assert max(max(t.tree["depths"]) for t in traces[1:]) <= depth
+    got, traces = run(tiny, ids, drafter=steer(d, want), max_new_tokens=30)
+    assert got == want
+    assert all(len(t.tree["tokens"]) <= budget for t in traces[1:])
+    assert traces[-1].tau > 2.0 and max(len(t.path) for t in traces[1:]) > min(depth, budget - 1, 4), \
+        "the steered drafts must be accepted, deep paths included"
 
 
 def test_kinds_are_not_mixed_up(tiny, tmp_path):

@@ -120,9 +120,10 @@ def test_greedy_lossless_with_the_chat_template(tiny):
     assert ids.tolist()[:2] == [1, 5] and ids.tolist()[-2:] == [1, 6]
     ref = vanilla(tiny, ids, 48)
     for seed in range(2):
-        out, _ = run(tiny, ids, drafter=OracleDrafter(ref, TINY_VOCAB, "backbone", 8, 10, 64, seed=seed),
-                     max_new_tokens=48)
+        out, traces = run(tiny, ids, drafter=OracleDrafter(ref, TINY_VOCAB, "backbone", 8, 10, 64, seed=seed),
+                          max_new_tokens=48)
         assert out == ref
+        assert traces[-1].tau > 3.0 and max(accepted_depths(traces)) == 8  # deep paths accepted, not just the bonus
         out, _ = run(tiny, ids, drafter=RandomDrafter(TINY_VOCAB, "backbone", 8, 10, 64, seed=seed), max_new_tokens=48)
         assert out == ref
 

@@ -55,10 +55,13 @@ def args(gpu, tmp_path_factory):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_is_lossless_on_the_device(gpu, args, method):
-    prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
+    prompt = torch.tensor([250, 75, 140, 53, 117, 277], device=DEVICE)  # a reply that repeats itself
     want, _ = run(gpu, prompt, max_new_tokens=24, stop_ids=set())
     got, traces = run(gpu, prompt, drafter=make_drafter(method, gpu, args), max_new_tokens=24, stop_ids=set())
-    assert got == want and traces[-1].tau >= 1.0
+    assert got == want
+    if "lookup" in method:  # the untrained drafters accept nothing: lookup's copies must be accepted, so that
+        # multi-node paths are committed on the device (and fed to the cascade's step beside it)
+        assert traces[-1].tau > 1.3 and max(len(t.path) for t in traces[1:]) > 2, [len(t.path) for t in traces]
     sampled, _ = run(gpu, prompt, drafter=make_drafter(method, gpu, args), max_new_tokens=24, stop_ids=set(),
                      sampling=SamplingParams(0.7, 0.9), seed=3)
     assert len(sampled) == 24 and all(0 <= t < 320 for t in sampled)

@@ -17,7 +17,7 @@ from fasteagle.generate import run
 from fasteagle.packing import Int8Linear, PackedLinear, pack_linears
 from fasteagle.target import Target
 from tests.conftest import tiny_target
-from tests.drafters import OracleDrafter, one_thread
+from tests.drafters import OracleDrafter, one_thread, steer
 
 pytestmark = pytest.mark.skipif(not packing.available(), reason="this PyTorch build has no oneDNN linear ops")
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
@@ -194,8 +194,12 @@ def test_int8_packing_swaps_prepacked_layers_and_spares_what_its_kernel_cannot_t
 @needs_int8
 def test_int8_drafter_drafts_close_to_fp32_and_decoding_stays_lossless(tiny, tmp_path, monkeypatch):
     packed = packed_copy(tiny)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(4, 320, (10,), generator=g) for _ in range(2)]
+    refs = [run(packed, prompt, max_new_tokens=30)[0] for prompt in prompts]
+    counts = torch.bincount(torch.tensor(refs[0] + refs[1]), minlength=320)  # a draft vocab holding the replies
     cfg = DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, draft_vocab=64)
-    CascadedDrafter(cfg).init_from_target(tiny.model).save(tmp_path / "d", dtype=torch.float32)
+    CascadedDrafter(cfg).init_from_target(tiny.model).set_vocab(counts).save(tmp_path / "d", dtype=torch.float32)
     fp32 = CascadedDrafter.load(tmp_path / "d", packed.model, int8=False)
     int8 = CascadedDrafter.load(tmp_path / "d", packed.model)  # the default where available
     assert fp32.packing == "fp32" and int8.packing == "int8"
@@ -212,10 +216,13 @@ def test_int8_drafter_drafts_close_to_fp32_and_decoding_stays_lossless(tiny, tmp
         p, q = fp32.depth_probs(), int8.depth_probs()
         assert not torch.equal(p, q)
         torch.testing.assert_close(q, p, rtol=0, atol=0.05)
-    g = torch.Generator().manual_seed(5)
-    for seed in range(2):
-        prompt = torch.randint(4, 320, (10,), generator=g)
-        ref, _ = run(packed, prompt, max_new_tokens=30)
+    for seed, (prompt, ref) in enumerate(zip(prompts, refs)):
         int8.tree_budget = 8
         out, _ = run(packed, prompt, drafter=int8, max_new_tokens=30, seed=seed)
         assert out == ref
+        # untrained, it accepts nothing: steered, its int8 products run over several accepted rows too
+        steered = steer(CascadedDrafter.load(tmp_path / "d", packed.model, int8=True), ref, seed=seed)
+        steered.tree_budget = 8
+        out, traces = run(packed, prompt, drafter=steered, max_new_tokens=30)
+        assert out == ref and steered.packing == "int8"
+        assert traces[-1].tau > 1.8 and max(len(t.path) for t in traces[1:]) >= 3
