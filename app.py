@@ -34,7 +34,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 import viz  # noqa: E402
-from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, make_drafter  # noqa: E402
+from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, default_budget, make_drafter  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
@@ -132,24 +132,6 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
                    f"no FastEagle drafter at `{fe_s}` to join with lookup."),
         MethodSpec("lookup", "lookup", None, True),
     ]
-
-
-# Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
-# (bench/results/cpu-smollm2-135m-chat30-2026-11-27b.json: on that AVX-512 CPU trees of up to 12 nodes cost
-# about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-14 FastEagle drafter over
-# its 12288-token compact vocab is expected at 1.67x at 5 nodes, 1.68x at 6, 1.64x at 8, 1.52x at 12; joined
-# with lookup, 1.75x at 6).
-CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
-# On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
-# auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
-# the CPU-trained EAGLE-3-style drafter accepts so little that its curve is flat, so it keeps the paper's ~60.
-GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
-GPU_BUDGET = 60
-MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
-
-
-def default_budget(method_key: str, on_gpu: bool) -> int:
-    return GPU_BUDGETS.get(method_key, GPU_BUDGET) if on_gpu else CPU_BUDGETS.get(method_key, 8)
 
 
 def prompt_examples(limit_per_file: int = 3, max_chars: int = 400) -> list[str]:

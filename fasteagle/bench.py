@@ -450,7 +450,7 @@ def charts(doc: dict, path: str | Path) -> None:
         fig.add_hline(y=1.0, line_dash="dot", line_color="gray", row=2, col=1)
     fig.update_layout(title=f"{doc['target']} on {doc['device']}", height=420 + 380 * bool(prompts),
                       template="plotly_white")
-    fig.write_html(str(path), include_plotlyjs="cdn")
+    fig.write_html(str(path), include_plotlyjs="cdn", div_id=Path(path).stem)  # a fixed id: a redraw changes nothing
 
 
 @torch.inference_mode()
@@ -785,10 +785,21 @@ def draft_step_cost(shape: str | dict = "llama3-8b", depths=(4, 6, 8), prefix: i
 README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
+def read_result(path: str | Path) -> dict:
+    """A result JSON, or a one-line error naming the file (a typo, a .md given for the .json)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise FastEagleError(f"cannot read the result file {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise FastEagleError(f"{path} is not a bench result (a JSON object)")
+    return doc
+
+
 def redraw(result_file: str | Path) -> None:
     """The .md table (and, for a method comparison, the .html charts) of a result JSON, drawn again."""
     path = Path(result_file)
-    doc = json.loads(path.read_text())
+    doc = read_result(path)
     path.with_suffix(".md").write_text(markdown_table(doc))
     if "methods" in doc and "rows" in doc:
         charts(doc, path.with_suffix(".html"))
@@ -796,13 +807,13 @@ def redraw(result_file: str | Path) -> None:
 
 def update_readme(result_files: list[str | Path], readme: str | Path = "README.md") -> None:
     """Regenerate the README's results section from committed result files (never typed by hand)."""
-    docs = [json.loads(Path(f).read_text()) for f in sorted(result_files)]
+    docs = [read_result(f) for f in sorted(result_files)]
     body = "\n".join(f"{markdown_table(d)}\n<sub>from `{Path(f).as_posix()}`"
                      + (f", made by `{d['command']}`" if d.get("command") else "") + "</sub>\n"
                      for d, f in zip(docs, sorted(result_files)))
     text = Path(readme).read_text()
     if README_START not in text or README_END not in text:
-        raise ValueError(f"{readme} has no {README_START} ... {README_END} section")
+        raise FastEagleError(f"{readme} has no {README_START} ... {README_END} section")
     pre, rest = text.split(README_START, 1)
     post = rest.split(README_END, 1)[1]
     Path(readme).write_text(f"{pre}{README_START}\n{body}{README_END}{post}")

@@ -20,6 +20,26 @@ DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
 METHODS = ("vanilla", "lookup", "fasteagle", "eagle3", "fasteagle+lookup", "eagle3+lookup", "fasteagle-backbone",
            "fasteagle-eager", "fasteagle-host-tree")
 
+# Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
+# (bench/results/cpu-smollm2-135m-chat30-2026-11-27b.json: on that AVX-512 CPU trees of up to 12 nodes cost
+# about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-14 FastEagle drafter over
+# its 12288-token compact vocab is expected at 1.67x at 5 nodes, 1.68x at 6, 1.64x at 8, 1.52x at 12; joined
+# with lookup, 1.75x at 6).
+CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
+# On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
+# auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
+# the CPU-trained EAGLE-3-style drafter accepts so little that its curve is flat, so it keeps the paper's ~60.
+GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
+PAPER_BUDGET = 60  # the paper's tree size: a GPU's default for the others, and what `bench` verifies unless told
+MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
+
+
+def default_budget(method: str, on_gpu: bool) -> int:
+    """Tree nodes per step where none is asked for (generate, the app): the paper's 60 would make a CPU
+    decode slower than plain decoding, since there a 60-node forward costs about three one-token steps."""
+    key = method.removesuffix("-backbone").removesuffix("-eager").removesuffix("-host-tree")
+    return GPU_BUDGETS.get(key, PAPER_BUDGET) if on_gpu else CPU_BUDGETS.get(key, 8)
+
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="HF model id or local dir (default: embedded SmolLM2-135M-Instruct)")
@@ -50,7 +70,10 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-k", default=None,
                    help="top-k per depth: one int or a comma list (fasteagle); default: each drafter's own "
                         "(FastEagle 32, EAGLE-3-style 10, as EAGLE-2)")
-    p.add_argument("--tree-budget", type=int, default=60, help="tree nodes verified per step, root included")
+    p.add_argument("--tree-budget", type=int, default=None,
+                   help="tree nodes verified per step, root included (default: generate, the size that suits the "
+                        "device, e.g. 6 on a CPU and 128 on a GPU for fasteagle; bench, the paper's 60, or each "
+                        "drafter's best with --tree auto)")
     p.add_argument("--tree-shape", dest="tree_shape", choices=TREE_SHAPES, default=DEFAULT_TREE_SHAPE,
                    help="fasteagle's tree: product (side branches continue, the default) or backbone (the paper's "
                         "constrained tree: side branches are leaves)")
@@ -96,7 +119,8 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         if getattr(args, "tree_k", None) is not None:
             ks = parse_tree_k(args.tree_k)
             d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
-        d.tree_budget = args.tree_budget
+        budget = getattr(args, "tree_budget", None)
+        d.tree_budget = default_budget(method, target.device.type == "cuda") if budget is None else budget
         if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
             d.tree_shape = args.tree_shape
         if method == "fasteagle" and full_vocab_wanted(args, target.device):
@@ -202,6 +226,8 @@ def cmd_bench(args) -> int:
         bench.update_readme(args.update_readme.split(","), args.readme)
         print(f"updated {args.readme} from {args.update_readme}")
         return 0
+    if args.tree_budget is None:  # measurements keep the paper's size unless told (--tree auto tunes it)
+        args.tree_budget = PAPER_BUDGET
     if args.redraw:
         for f in args.redraw.split(","):
             bench.redraw(f)
@@ -447,6 +473,8 @@ def _check_args(args) -> None:
         SamplingParams(args.temperature, getattr(args, "top_p", 1.0))
     if getattr(args, "max_new_tokens", 1) < 1:
         raise FastEagleError("--max-new-tokens must be at least 1")
+    if getattr(args, "tree_budget", None) is not None and args.tree_budget < 2:
+        raise FastEagleError("--tree-budget must be at least 2 (the root and one drafted node)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -19,11 +20,18 @@ def test_help_documents_every_subcommand(capsys):
         assert sub in out
 
 
-@pytest.mark.parametrize("sub", ["generate", "train", "bench"])
-def test_subcommand_help(sub, capsys):
-    with pytest.raises(SystemExit):
+@pytest.mark.parametrize("sub,flags", [("generate", ("--prompt", "--method", "--max-new-tokens", "--show-steps")),
+                                       ("train", ("--out", "--data", "--config", "--seed")),
+                                       ("bench", ("--prompts", "--methods", "--limit", "--out"))])
+def test_subcommand_help(sub, flags, capsys):
+    """Each subcommand's own help (not the top-level one), listing that subcommand's main flags."""
+    with pytest.raises(SystemExit) as done:
         main([sub, "--help"])
-    assert "--" in capsys.readouterr().out
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ") and f" {sub} " in out.splitlines()[0] + " "
+    for flag in flags:
+        assert re.search(rf"^\s+{flag}\b", out, re.M), f"{sub} --help does not document {flag}"
 
 
 def test_empty_prompt_is_a_one_line_error(capsys):
@@ -94,3 +102,58 @@ def test_bench_keeps_its_result_where_plotly_is_missing(monkeypatch, tmp_path, c
     assert cli._charts_beside({}, tmp_path / "r.json") == ""
     err = capsys.readouterr().err
     assert f"plotly is not installed): `python -m fasteagle bench --redraw {tmp_path / 'r.json'}`" in err
+
+
+def test_node_budget_default_follows_the_method_and_device():
+    """Each method starts at the budget `bench --tree auto` picked for it on this kind of device."""
+    from fasteagle import cli
+
+    assert cli.default_budget("fasteagle", on_gpu=False) == cli.CPU_BUDGETS["fasteagle"]
+    assert cli.default_budget("fasteagle+lookup", on_gpu=False) == cli.CPU_BUDGETS["fasteagle+lookup"]
+    assert cli.default_budget("fasteagle-backbone", on_gpu=False) == cli.CPU_BUDGETS["fasteagle"]
+    assert all(2 <= b <= 16 for b in cli.CPU_BUDGETS.values())
+    assert cli.default_budget("fasteagle", on_gpu=True) == cli.GPU_BUDGETS["fasteagle"] > cli.CPU_BUDGETS["fasteagle"]
+    assert cli.default_budget("eagle3", on_gpu=True) == cli.PAPER_BUDGET == 60
+    assert all(2 <= b <= cli.MAX_BUDGET for b in [*cli.CPU_BUDGETS.values(), *cli.GPU_BUDGETS.values()])
+
+
+def test_generate_drafts_the_devices_tree_and_bench_the_papers(tiny, tmp_path, monkeypatch):
+    """`generate` without --tree-budget must not verify the paper's 60 nodes on a CPU (three decode steps'
+    cost there: slower than plain decoding); `bench` keeps 60 unless told, so its recorded commands mean
+    what they meant."""
+    from types import SimpleNamespace
+
+    import fasteagle.target
+    from fasteagle import cli
+    from fasteagle.drafter import CascadedDrafter, DrafterConfig
+    from fasteagle.errors import FastEagleError
+
+    CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=2, intermediate=32)).save(tmp_path)
+    args = SimpleNamespace(tree_k=None, tree_budget=None, drafter=str(tmp_path))
+    assert cli.make_drafter("fasteagle", tiny, args).tree_budget == cli.CPU_BUDGETS["fasteagle"]
+    assert cli.make_drafter("fasteagle", tiny, SimpleNamespace(**{**vars(args), "tree_budget": 9})).tree_budget == 9
+
+    seen = []
+
+    def stop(method, target, a, path=None):
+        seen.append(a.tree_budget)
+        raise FastEagleError("stop here")
+
+    monkeypatch.setattr(fasteagle.target, "load_target", lambda *a, **k: tiny)
+    monkeypatch.setattr(cli, "make_drafter", stop)
+    prompts = "assets/prompts/sharegpt_holdout.jsonl"
+    assert main(["bench", "--prompts", prompts, "--limit", "1", "--methods", "vanilla,fasteagle"]) == 2
+    assert main(["bench", "--prompts", prompts, "--limit", "1", "--methods", "fasteagle", "--tree-budget", "12"]) == 2
+    assert seen == [cli.PAPER_BUDGET, 12]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["generate", "--prompt", "hi", "--tree-budget", "1"], "--tree-budget"),
+    (["bench", "--redraw", "no/such/result.json"], "cannot read the result file"),
+    (["bench", "--redraw", "README.md"], "cannot read the result file"),
+    (["bench", "--update-readme", "no/such/result.json"], "cannot read the result file"),
+])
+def test_bad_settings_and_files_are_one_line_errors(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and err.count("\n") == 1
