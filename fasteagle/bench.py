@@ -268,8 +268,9 @@ def device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         host = cpu_model()
         return torch.cuda.get_device_name(dev) + (f" (host {host})" if host else "")
+    threads = torch.get_num_threads()
     return (f"CPU ({cpu_model() or platform.processor() or platform.machine()}, "
-            f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads)")
+            f"{torch.backends.cpu.get_cpu_capability()}, {threads} thread{'s' * (threads != 1)})")
 
 
 def cpu_model() -> str | None:

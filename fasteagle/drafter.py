@@ -617,7 +617,7 @@ class CascadedDrafter(nn.Module):
             raise FastEagleError(f"no drafter at {path}: expected config.json and model.safetensors")
         raw, cfg = read_config(path)
         if cfg.kind != cls.KIND:
-            raise FastEagleError(f"{path} holds a {cfg.kind!r} drafter, not a {cls.KIND!r} one")
+            raise FastEagleError(f"{path} holds a drafter of kind {cfg.kind!r}, not {cls.KIND!r}")
         drafter = cls(cfg)
         state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in load_file(f).items()}
         drafter.compact_vocab = state.pop(COMPACT_VOCAB_KEY, None)

@@ -177,7 +177,14 @@ def resolve_target_path(name: str | None = None) -> str:
     """Map the default name to its converted cache directory (converting on first use)."""
     if name in (None, "", DEFAULT_TARGET):
         return str(default_target_dir())
-    return name
+    if _looks_local(name) and not Path(name).expanduser().exists():
+        raise FastEagleError(f"no model directory at {name}")
+    return str(Path(name).expanduser()) if name.startswith("~") else name
+
+
+def _looks_local(name: str) -> bool:
+    """A path, not a Hugging Face id ("org/name"): else a typo in a folder's name reads as a bad hub id."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def default_target_dir() -> Path:

@@ -16,11 +16,15 @@ from fasteagle.paths import cache_dir
 from fasteagle.target import DEFAULT_TARGET, default_target_dir, load_target, parse_dtype
 
 
-def test_missing_local_directory_is_a_one_line_error(tmp_path):
+@pytest.mark.parametrize("rel", [False, True])
+def test_missing_local_directory_is_a_one_line_error(tmp_path, monkeypatch, rel):
+    """A path that is not there says so (not "repo id must be in the form ...", which a relative
+    path's typo used to give)."""
+    monkeypatch.chdir(tmp_path)
+    name = "./models/no-such-model" if rel else str(tmp_path / "no-such-model")
     with pytest.raises(FastEagleError) as err:
-        load_target(str(tmp_path / "no-such-model"), device="cpu")
-    assert "\n" not in str(err.value)
-    assert "no-such-model" in str(err.value)
+        load_target(name, device="cpu")
+    assert str(err.value) == f"no model directory at {name}"
 
 
 def test_unknown_hub_id_is_a_one_line_error(monkeypatch):
