@@ -8,6 +8,7 @@ stop tokens inside accepted chunks, max_new_tokens boundaries, context overflow,
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -16,10 +17,10 @@ from fasteagle.errors import FastEagleError
 from fasteagle.generate import StepTrace, chat_prompt_ids, generate, run
 from fasteagle.kvcache import ContextOverflowError
 from fasteagle.lookup import LookupDrafter
-from fasteagle.tree import DraftTree, select
+from fasteagle.tree import DraftTree, make_tree, root_only, select
 from fasteagle.verify import ACCEPTED, SamplingParams
 from tests.conftest import TINY_VOCAB, tiny_target
-from tests.drafters import OracleDrafter, RandomDrafter, one_thread
+from tests.drafters import OracleDrafter, RandomDrafter, _ProtocolDrafter, one_thread
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
@@ -441,3 +442,48 @@ def test_generator_can_be_resumed_on_another_thread(tiny):
     t.start()
     t.join()
     assert not errors and got == want
+
+
+class _ExactDrafter(_ProtocolDrafter):
+    """Drafts the tiny target's own likely tokens (from `tests.test_verify.Exact`), side branches first
+    and a depth-2 node below the likeliest, so sampled steps accept at depth 1 and 2 and reject too."""
+
+    def __init__(self, exact):
+        self.exact = exact
+        super().__init__(TINY_VOCAB)
+
+    def _draft(self, root: int) -> DraftTree:
+        emitted, e = self.history[self.prompt_len:] + [root], self.exact
+        if len(emitted) == 1:  # root = token 1: children from p(token 2 | token 1)
+            b = e.p2[root].argsort(descending=True).tolist()
+            e.need_p3([(root, b[0])])
+            c = e.p3[(root, b[0])].argsort(descending=True).tolist()
+            return make_tree(torch.tensor([root, b[1], b[0], b[2], c[0], c[1]]), torch.tensor([-1, 0, 0, 0, 2, 2]))
+        if len(emitted) == 2:  # root = token 2: children from p(token 3 | tokens 1, 2)
+            e.need_p3([tuple(emitted)])
+            c = e.p3[tuple(emitted)].argsort(descending=True).tolist()
+            return make_tree(torch.tensor([root, c[1], c[0]]), torch.tensor([-1, 0, 0]))
+        return root_only(root)
+
+
+def test_sampled_decoding_keeps_the_targets_distribution_end_to_end(tiny):
+    """`tests/test_verify.py` checks one verification; this samples whole decodes through `generate`
+    (the prefill's sampled token, a tree rooted at it, the bonus, the next step's tree) and compares
+    the first three tokens with the target's exact joint distribution (chi-square, alpha 1e-3).
+    Checked to fail for an acceptance rule that accepts every possible candidate (chi-square 2659
+    against a critical value of 92, and no depth-2 acceptance)."""
+    from tests.test_verify import PREFIX, ROOT, Bins, Exact
+
+    n, params = 2000, SamplingParams(0.8, 1.0)
+    exact = Exact(tiny.model, params.temperature, params.top_p)
+    bins = Bins(exact, n)
+    prompt, drafter = torch.cat([PREFIX, torch.tensor([ROOT])]), _ExactDrafter(exact)
+    counts, accepted = Counter(), Counter()
+    for seed in range(n):
+        out, traces = run(tiny, prompt, drafter=drafter, max_new_tokens=4, sampling=params, seed=seed, stop_ids=set())
+        a, b, c = out[:3]
+        counts[bins.key(a, b, c if (a, b) in bins.pairs else None)] += 1
+        accepted.update(len(tr.tokens) - 1 for tr in traces[1:])
+    assert accepted[1] > 300 and accepted[2] > 15, accepted  # depth 1 and depth 2 really accepted
+    stat, crit, dof = bins.chi_square(counts, n)
+    assert dof >= 40 and stat < crit, f"chi-square {stat:.1f} >= {crit:.1f} (dof {dof}): not the target's distribution"
