@@ -79,11 +79,13 @@ def gpu_bf16():
 def test_every_drafter_follows_vanilla_in_bf16_on_the_device(gpu_bf16, args, method):
     """bf16 rounds a tree's forward differently from a one-token step, so a reply may part from
     vanilla's, but only where the target's top two logits tie to within bf16's rounding."""
-    prompt = torch.tensor([5, 7, 9, 11, 7, 9], device=DEVICE)
+    prompt = torch.tensor([250, 75, 140, 53, 117, 277], device=DEVICE)  # a reply that repeats itself
     want, _ = run(gpu_bf16, prompt, max_new_tokens=24, stop_ids=set())
     got, traces = run(gpu_bf16, prompt, drafter=make_drafter(method, gpu_bf16, args), max_new_tokens=24,
                       stop_ids=set())
-    assert len(got) == 24 and traces[-1].tau >= 1.0
+    assert len(got) == 24
+    if "lookup" in method:  # lookup's copies are accepted: multi-node paths committed in bf16 too
+        assert traces[-1].tau > 1.3 and max(len(t.path) for t in traces[1:]) > 2, [len(t.path) for t in traces]
     parted = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if parted is not None:
         with torch.no_grad():
