@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, rotate_half
 
-from fasteagle.packing import WeightCopy
+from fasteagle.packing import WeightCopy, weight_stamp
 
 
 class FusedLayer:
@@ -40,7 +40,7 @@ class FusedLayer:
         every call, so it reads plain attributes only (a few microseconds, not tens)."""
         srcs = self._sources()
         weights = tuple(m.weight for m in srcs)
-        stamp = [(w.data_ptr(), w.dtype, w.device, 0 if w.is_inference() else w._version) for w in weights]
+        stamp = [weight_stamp(w) for w in weights]
         held = self._stamp
         if held and stamp == held[2] and all(a is b for a, b in zip(held[0] + held[1], srcs + weights)):
             return  # the same objects (compared as objects: an id can be reused), unchanged
@@ -49,8 +49,7 @@ class FusedLayer:
         for s in srcs:  # their own inference copies are not used by this forward: free them
             if isinstance(s, WeightCopy):
                 s.release()
-        # holding the weights' storages keeps their addresses from being reused by a swapped-in copy
-        self._stamp = (srcs, weights, stamp, [w.untyped_storage() for w in weights])
+        self._stamp = (srcs, weights, stamp, [w.untyped_storage() for w in weights])  # storages: see `weight_stamp`
 
     def __call__(self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                  mask: torch.Tensor | None, cache=None) -> torch.Tensor:

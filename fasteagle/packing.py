@@ -64,6 +64,13 @@ def int8_wanted() -> bool:
     return os.environ.get("FASTEAGLE_DRAFT_INT8", "1") != "0" and int8_available()
 
 
+def weight_stamp(w: torch.Tensor) -> tuple:
+    """What a copy made from `w` depends on: its address, dtype and device (`.to()` or `.float()` swap a
+    parameter's data, version untouched) and its in-place version (inference tensors never change). A
+    holder of the stamp holds `w.untyped_storage()` too, so no swapped-in copy can reuse the address unnoticed."""
+    return w.data_ptr(), w.dtype, w.device, 0 if w.is_inference() else w._version
+
+
 class WeightCopy(nn.Module):
     """`y = x W^T + b` through a copy of W made for inference (`_make`, `_product`), remade when W
     changes in place, and the plain product wherever the copy does not apply (`_usable`)."""
@@ -89,12 +96,11 @@ class WeightCopy(nn.Module):
 
     def prepared(self):
         """The inference copy of `weight`, made again if the weight changed in place since."""
-        w = self.weight  # its storage and dtype too: `.to()` or `.float()` swap a parameter's data, version untouched
-        version = (w.data_ptr(), w.dtype, 0 if w.is_inference() else w._version)  # inference tensors never change
+        w = self.weight
+        version = weight_stamp(w)
         if self._copy is None or self._version != version:
             with torch.no_grad():
-                self._copy = self._make(self.weight.detach())
-            # held, so that no swapped-in copy of the weight can reuse its address (data_ptr) unnoticed
+                self._copy = self._make(w.detach())
             self._version, self._storage = version, w.untyped_storage()
         return self._copy
 
