@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fasteagle.errors import FastEagleError
+from fasteagle.errors import FastEagleError, Parser, run_command
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
 DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
@@ -358,8 +358,8 @@ def _drafter_summaries(methods: dict) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fasteagle", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m fasteagle", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     g = sub.add_parser("generate", help="decode one prompt, streaming the reply")
     g.add_argument("--prompt", required=True)
@@ -479,11 +479,4 @@ def _check_args(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        _check_args(args)
-        return args.func(args)
-    except FastEagleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(lambda: _check_args(args) or args.func(args))
