@@ -88,6 +88,7 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
     `args` (--drafter / --eagle3-drafter) or the default gives."""
     if method == "vanilla":
         return None
+    check_tree_budget(target, getattr(args, "tree_budget", None))
     if method == "lookup":
         from fasteagle.lookup import LookupDrafter
 
@@ -116,19 +117,32 @@ def make_drafter(method: str, target, args, path: str | Path | None = None):
         default = DEFAULT_DRAFTER if method == "fasteagle" else DEFAULT_EAGLE3
         path = path or getattr(args, "drafter" if method == "fasteagle" else "eagle3_drafter", None) or default
         d = cls.load(path, target.model, getattr(args, "draft_int8", None))
+        if method == "fasteagle" and full_vocab_wanted(args, target.device):
+            d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
+        elif method == "fasteagle" and d.compact_vocab is not None:
+            d.shrink_vocab()
         if getattr(args, "tree_k", None) is not None:
             ks = parse_tree_k(args.tree_k)
+            if max(ks) > d.vocab_ids.numel():
+                raise FastEagleError(f"--tree-k {max(ks)} is more than the {d.vocab_ids.numel()} tokens this drafter "
+                                     "drafts from; give at most that")
             d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
         budget = getattr(args, "tree_budget", None)
         d.tree_budget = default_budget(method, target.device.type == "cuda") if budget is None else budget
         if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
             d.tree_shape = args.tree_shape
-        if method == "fasteagle" and full_vocab_wanted(args, target.device):
-            d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
-        elif method == "fasteagle" and d.compact_vocab is not None:
-            d.shrink_vocab()
         return d
     raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def check_tree_budget(target, budget: int | None) -> None:
+    """A tree the target cannot verify on this device is refused before decoding starts."""
+    from fasteagle.generate import max_tree_nodes
+
+    if budget is not None and budget > (cap := max_tree_nodes(target)):
+        raise FastEagleError(f"--tree-budget {budget} is more than {target.name} can verify in one forward here "
+                             f"(at most {cap}: its positions and this device's free memory); the paper's tree "
+                             f"has {PAPER_BUDGET} nodes")
 
 
 def parse_tree_k(text) -> list[int]:
@@ -158,8 +172,6 @@ def cmd_generate(args) -> int:
     from fasteagle.target import load_target
     from fasteagle.verify import SamplingParams
 
-    if not args.prompt or not args.prompt.strip():
-        raise FastEagleError("the prompt is empty")
     target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     drafter = make_drafter(args.method, target, args)
     ids = chat_prompt_ids(target, args.prompt)
@@ -465,6 +477,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_args(args) -> None:
     """Settings that can be wrong fail before the model loads, not after."""
+    if getattr(args, "prompt", None) is not None:
+        if not args.prompt.strip():
+            raise FastEagleError("the prompt is empty")
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
+            raise FastEagleError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
+    from fasteagle.drafter import peek
+
+    for path in _drafter_dirs(args):
+        peek(path)
+    if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
+        raise FastEagleError(f"--seed must be between 0 and 2**64 - 1 (got {args.seed})")
     if getattr(args, "tree_k", None) is not None:
         parse_tree_k(args.tree_k)
     if hasattr(args, "temperature"):
@@ -475,6 +500,18 @@ def _check_args(args) -> None:
         raise FastEagleError("--max-new-tokens must be at least 1")
     if getattr(args, "tree_budget", None) is not None and args.tree_budget < 2:
         raise FastEagleError("--tree-budget must be at least 2 (the root and one drafted node)")
+
+
+def _drafter_dirs(args) -> set[Path]:
+    """The drafter folders the asked methods will load (to check them before the target loads)."""
+    names = [args.method] if getattr(args, "method", None) else (getattr(args, "methods", None) or "").split(",")
+    dirs = set()
+    for m in (n.strip() for n in names):
+        if m.startswith("fasteagle"):
+            dirs.add(Path(args.drafter or DEFAULT_DRAFTER))
+        elif m.startswith("eagle3"):
+            dirs.add(Path(args.eagle3_drafter or DEFAULT_EAGLE3))
+    return dirs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -609,17 +609,12 @@ class CascadedDrafter(nn.Module):
     def load(cls, path: str | Path, target_model: nn.Module | None = None, int8: bool | None = None) -> CascadedDrafter:
         """Load from a directory; with `target_model`, attach to it (refusing a mismatch). A drafter
         of a prepacked (fp32 CPU) target is packed too, with int8 weights unless `int8` is False."""
-        from safetensors.torch import load_file
-
         path = Path(path)
-        files = sorted(path.glob("model*.safetensors"))
-        if not (path / "config.json").exists() or not files:
-            raise FastEagleError(f"no drafter at {path}: expected config.json and model.safetensors")
-        raw, cfg = read_config(path)
+        raw, cfg, files = peek(path)
         if cfg.kind != cls.KIND:
             raise FastEagleError(f"{path} holds a drafter of kind {cfg.kind!r}, not {cls.KIND!r}")
         drafter = cls(cfg)
-        state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in load_file(f).items()}
+        state = {k: v.float() if v.is_floating_point() else v for f in files for k, v in _read_weights(f).items()}
         drafter.compact_vocab = state.pop(COMPACT_VOCAB_KEY, None)
         try:
             drafter.load_state_dict(state)
@@ -636,6 +631,17 @@ class CascadedDrafter(nn.Module):
         return drafter
 
 
+def _read_weights(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as exc:
+        raise FastEagleError(f"the drafter weights {file} are corrupt or truncated ({exc}); copy them again or "
+                             "train the drafter again") from None
+
+
 def load_drafter(path: str | Path, target_model: nn.Module | None = None, int8: bool | None = None) -> CascadedDrafter:
     """Load whichever kind of drafter `path` holds (FastEagle cascade or EAGLE-3 style)."""
     from fasteagle.eagle3 import AutoregressiveDrafter
@@ -648,16 +654,26 @@ def load_drafter(path: str | Path, target_model: nn.Module | None = None, int8: 
     return cls.load(path, target_model, int8)
 
 
+def peek(path: str | Path) -> tuple[dict, DrafterConfig, list[Path]]:
+    """A drafter folder's config (raw and typed) and weight files, checked without reading the weights,
+    so a missing or broken drafter fails before anything loads."""
+    path = Path(path)
+    files = sorted(path.glob("model*.safetensors")) if path.is_dir() else []
+    if not (path / "config.json").is_file() or not files:
+        raise FastEagleError(f"no drafter at {path}: expected a folder with config.json and model.safetensors")
+    return (*read_config(path), files)
+
+
 def read_config(path: str | Path) -> tuple[dict, DrafterConfig]:
     """A drafter directory's config.json, raw and as a DrafterConfig (without loading weights)."""
+    from fasteagle.files import dataclass_from_json
+
+    file = Path(path) / "config.json"
     try:
-        raw = json.loads((Path(path) / "config.json").read_text())
-        if not isinstance(raw, dict):
-            raise TypeError("not a JSON object")
-        names = DrafterConfig.__dataclass_fields__
-        return raw, DrafterConfig(**{k: v for k, v in raw.items() if k in names})
-    except (OSError, ValueError, TypeError) as exc:
-        raise FastEagleError(f"cannot read the drafter config at {path}: {exc}") from None
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise FastEagleError(f"cannot read the drafter config {file}: {exc}") from None
+    return raw, dataclass_from_json(DrafterConfig, raw, f"the drafter config {file}")
 
 
 def check_fingerprint(cfg: DrafterConfig, target_model: nn.Module) -> None:

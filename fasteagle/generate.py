@@ -6,6 +6,8 @@ The loop yields a `StepTrace` per step; the CLI, the benchmark and the app all c
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -98,6 +100,31 @@ def check_context(target: Target, prompt_len: int, max_new_tokens: int) -> int:
         raise FastEagleError(f"context too long: {prompt_len} prompt + {max_new_tokens} new tokens exceed the "
                              f"model's {max_pos} positions; shorten the prompt or lower max new tokens")
     return max_pos
+
+
+def max_tree_nodes(target: Target) -> int:
+    """The largest draft tree one verify forward can take here: no more nodes than the model has
+    positions (each node is a row of the attention mask and a slot of the cache), and the forward's
+    attention scores, heads x nodes x (positions + nodes) in the model's dtype, within a quarter of
+    the memory now free on the target's device."""
+    cfg = target.model.config
+    max_pos = getattr(cfg, "max_position_embeddings", None) or 1 << 20
+    row = getattr(cfg, "num_attention_heads", 1) * torch.finfo(target.dtype).bits // 8
+    room = free_memory(target.device) / 4 / row  # nodes * (max_pos + nodes) must stay under this
+    by_memory = int((-max_pos + math.sqrt(max_pos * max_pos + 4 * room)) / 2)
+    return max(2, min(max_pos, by_memory))
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on `device` now (a CPU: the system's available memory)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def synchronize(device: torch.device) -> None:

@@ -275,6 +275,10 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    local = Path(path)
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise FastEagleError(f"no config.json in {display}: not a model folder (it needs config.json, the weights "
+                             "and the tokenizer's files, as save_pretrained writes them)")
     try:
         config = AutoConfig.from_pretrained(path)
     except OSError as exc:
@@ -292,6 +296,9 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
             f"{display} attends within a sliding window of {window} tokens; fasteagle's tree mask lets every "
             "layer see the whole context, so past the window its output would part from the model's own"
         )
+    if local.is_dir() and not any((local / f).is_file() for f in TOKENIZER_FILES):
+        names = ", ".join(TOKENIZER_FILES)
+        raise FastEagleError(f"no tokenizer in {display}: copy the model's tokenizer files ({names}) into it")
     if attn_implementation == "sdpa":
         _register_attention()
         attn_implementation = SDPA
@@ -308,6 +315,9 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
         pack = packing.wanted(dev, torch_dtype)
     packed = packing.pack_linears(model) if pack else 0
     return Target(model=model, tokenizer=tokenizer, name=display, packed=packed)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them makes a tokenizer
 
 
 def sliding_window(config) -> int | None:

@@ -7,6 +7,7 @@ target, {bad} a folder of broken files) and a word the message must contain."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,15 @@ def bad_dir(tmp_path_factory, tiny_dir) -> Path:
     for f in tiny_dir.iterdir():
         if f.name in ("config.json", "model.safetensors", "generation_config.json"):
             (notok / f.name).write_bytes(f.read_bytes())
+    shipped = ROOT / "assets" / "drafters" / "smollm2-135m-fasteagle"
+    cut, typo = d / "drafter-truncated", d / "drafter-bad-config"
+    for broken in (cut, typo):
+        broken.mkdir()
+        (broken / "config.json").write_bytes((shipped / "config.json").read_bytes())
+    (cut / "model.safetensors").write_bytes((shipped / "model.safetensors").read_bytes()[:5000])
+    (typo / "model.safetensors").write_bytes(b"")
+    config = json.loads((shipped / "config.json").read_text()) | {"num_layers": "six"}
+    (typo / "config.json").write_text(json.dumps(config))
     return d
 
 
@@ -71,12 +81,17 @@ CLI_ROWS = [
     (["generate", "--prompt", "hi", "--dtype", "fp8"], "dtype"),
     (["generate", "--prompt", "hi", "--device", "tpu"], "device"),
     (["generate", "--prompt", "hi", "--target", "{tmp}/nope"], "nope"),
-    (["generate", "--prompt", "hi", "--target", "{bad}/empty-model"], "config.json"),
-    (["generate", "--prompt", "hi", "--target", "{bad}/no-tokenizer"], "tokenizer"),
+    (["generate", "--prompt", "hi", "--target", "{bad}/empty-model"], "no config.json"),
+    (["generate", "--prompt", "hi", "--target", "{bad}/no-tokenizer"], "no tokenizer"),
     (["generate", "--prompt", "hi", "--method", "fasteagle", "--drafter", "{tmp}"], "drafter"),
     (["generate", "--prompt", "hi", "--method", "fasteagle", "--drafter", "{bad}/a_file"], "drafter"),
+    (["generate", "--prompt", "hi", "--method", "fasteagle", "--drafter", "{bad}/drafter-bad-config"], "num_layers"),
+    (["generate", "--prompt", "hi", "--method", "fasteagle+lookup", "--drafter", "{bad}/drafter-truncated"],
+     "truncated"),
+    (["generate", "--prompt", "hi", "--method", "eagle3", "--eagle3-drafter", "{tmp}/none"], "no drafter"),
     (["generate", "--prompt", "hi", "--target", "{tiny}", "--tree-budget", "100000", "--method", "lookup"],
      "tree-budget"),
+    (["generate", "--prompt", "hi", "--method", "fasteagle", "--tree-k", "1000000"], "tree-k"),
     (["generate", "--prompt", "w7 w8", "--target", "{tiny}", "--method", "lookup", "--max-new-tokens", "2000"],
      "context"),
 ]

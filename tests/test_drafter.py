@@ -337,7 +337,7 @@ def test_a_corrupt_drafter_config_is_a_clear_error(tiny, tmp_path, text):
     make(tiny).save(tmp_path)
     (tmp_path / "config.json").write_text(text)
     for load in (load_drafter, CascadedDrafter.load):
-        with pytest.raises(FastEagleError, match="cannot read the drafter config"):
+        with pytest.raises(FastEagleError, match="the drafter config .*(not|must)|cannot read the drafter config"):
             load(tmp_path, tiny.model)
 
 
