@@ -336,24 +336,37 @@ def cmd_bench(args) -> int:
             "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "full_vocab": settings["full_vocab"],
             "prompts_desc": settings["prompts_desc"], "prompts": prompt_files}
         return _report(doc, args.out)
-    if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
-        settings["tree_budget"], settings["tree_auto"] = {}, {}
-        tune = bench.tuning_prompts(prompt_files, args.limit)
-        settings["tree_auto_prompts"] = [p["id"] for p in tune]
-        for m, d in methods.items():
-            if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
-                choice = bench.auto_tree(target, d, tune)
-                settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
+    done = kept = 0  # prompts measured, and those of them whose result is on disk
 
     def keep_so_far(rows: dict) -> None:  # a run killed by a time limit leaves what it measured
+        nonlocal done, kept
         done = len(next(iter(rows.values())))
         if args.out and done < len(prompts):
             partial = {"partial": {"prompts_done": done, "prompts": len(prompts)}}
             files.write_text(args.out, json.dumps(bench.result_document(target, rows, settings) | partial
                                                   | {"command": _command()}, indent=2))
+            kept = done
 
-    rows = bench.compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
-                         args.seed, on_prompt=keep_so_far)
+    try:
+        if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
+            settings["tree_budget"], settings["tree_auto"] = {}, {}
+            tune = bench.tuning_prompts(prompt_files, args.limit)
+            settings["tree_auto_prompts"] = [p["id"] for p in tune]
+            for m, d in methods.items():
+                if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
+                    choice = bench.auto_tree(target, d, tune)
+                    settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
+        rows = bench.compare(target, methods, prompts, args.max_new_tokens,
+                             SamplingParams(args.temperature, args.top_p), args.seed, on_prompt=keep_so_far)
+    except KeyboardInterrupt:
+        if kept:
+            print(f"interrupted: kept {kept} of {len(prompts)} prompts in {args.out}", file=sys.stderr)
+        elif args.out:
+            print(f"interrupted: nothing kept (no prompt had finished); {args.out} not written", file=sys.stderr)
+        else:
+            print(f"interrupted: nothing kept (no --out given) after {done} of {len(prompts)} prompts",
+                  file=sys.stderr)
+        return 130
     return _report(bench.result_document(target, rows, settings), args.out, charts=True)
 
 

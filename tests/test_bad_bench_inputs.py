@@ -1,5 +1,6 @@
 """`bench` on a table of bad inputs: exit code 2, one line `error: ...`, no traceback, nothing written,
-and all of it before a model loads or anything is measured (the rows make either one fail the test)."""
+and all of it before a model loads or anything is measured (the rows make either one fail the test).
+Also: Ctrl-C during a bench says what it kept."""
 
 from __future__ import annotations
 
@@ -88,6 +89,39 @@ def test_bench_bad_input_is_one_line(args, word, tmp_path, tiny_dir, bad_dir, in
     assert_one_line_error(rc, err, word)
     assert not out.strip()
     assert list(tmp_path.iterdir()) == [], "a refused command leaves nothing behind"
+
+
+def test_ctrl_c_says_what_the_bench_kept(tiny_dir, inputs, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """Ctrl-C after the first prompt: the result of that prompt is kept (marked partial) and one line
+    says so, or says nothing was kept where no --out was given; exit code 130 either way."""
+    real, calls = bench.time_one, []
+
+    def interrupt_on_the_second_prompt(*a, **k):
+        calls.append(1)
+        if len(calls) == 5:  # 2 warmup runs, 2 for the first prompt, then the second prompt
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench, "time_one", interrupt_on_the_second_prompt)
+    out = tmp_path / "r.json"
+    argv = ["bench", "--prompts", str(inputs / "prompts.jsonl"), "--methods", "vanilla,lookup", "--target",
+            str(tiny_dir), "--device", "cpu", "--max-new-tokens", "4"]
+    rc, stdout, err = run_main(cli.main, [*argv, "--out", str(out)], capsys)
+    assert rc == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"interrupted: kept 1 of 3 prompts in {out}"
+    assert json.loads(out.read_text())["partial"] == {"prompts_done": 1, "prompts": 3}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"], "no temporary file is left"
+
+    calls.clear()
+    rc, stdout, err = run_main(cli.main, argv, capsys)
+    assert rc == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "interrupted: nothing kept (no --out given) after 1 of 3 prompts"
+
+    calls[:] = [1] * 4  # the first warmup run is the fifth call: no prompt has finished
+    fresh = tmp_path / "fresh.json"
+    rc, stdout, err = run_main(cli.main, [*argv, "--out", str(fresh)], capsys)
+    assert rc == 130 and not fresh.exists()
+    assert err.strip().splitlines()[-1] == f"interrupted: nothing kept (no prompt had finished); {fresh} not written"
 
 
 def test_a_tree_the_target_cannot_hold_is_named(tiny_dir, tmp_path, capsys):  # noqa: F811
