@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from fasteagle import packing
 from fasteagle.errors import FastEagleError
+from fasteagle.files import atomic_path, write_text
 from fasteagle.generate import chat_prompt_ids, generate, synchronize
 from fasteagle.hybrid import LOOKUP_SOURCE
 from fasteagle.kvcache import KVCache
@@ -48,6 +49,9 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise FastEagleError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise FastEagleError(f"the prompt file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                             "save it as UTF-8") from None
     rows = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -63,7 +67,8 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
             text = d.get("prompt") or d.get("text")
         if not isinstance(text, str) or not text.strip():
             raise FastEagleError(f"{path}:{n}: no prompt (a non-empty `turns` list, `prompt` or `text`)")
-        rows.append({"id": d.get("id", str(len(rows))), "category": d.get("category", Path(path).stem), "text": text})
+        rows.append({"id": str(d.get("id", len(rows))), "category": str(d.get("category") or Path(path).stem),
+                     "text": text})
     if not rows:
         raise FastEagleError(f"{path} holds no prompts")
     return rows[:limit] if limit else rows
@@ -451,7 +456,8 @@ def charts(doc: dict, path: str | Path) -> None:
         fig.add_hline(y=1.0, line_dash="dot", line_color="gray", row=2, col=1)
     fig.update_layout(title=f"{doc['target']} on {doc['device']}", height=420 + 380 * bool(prompts),
                       template="plotly_white")
-    fig.write_html(str(path), include_plotlyjs="cdn", div_id=Path(path).stem)  # a fixed id: a redraw changes nothing
+    with atomic_path(path) as tmp:
+        fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)  # a fixed id: a redraw changes nothing
 
 
 @torch.inference_mode()
@@ -468,6 +474,11 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
     g = torch.Generator().manual_seed(0)
     first = next(iter(targets.values()))
     vocab, dev = first.model.config.vocab_size, first.device
+    max_pos = getattr(first.model.config, "max_position_embeddings", None)
+    if min(sizes) < 1 or (max_pos and prefix + max(sizes) > max_pos):
+        most = f" and at most {max_pos - prefix} (this target's {max_pos} positions less {prefix} of context)"
+        raise FastEagleError(f"--verify-cost sizes must be at least 1{most if max_pos else ''} "
+                             f"(got {','.join(map(str, sizes))})")
     context = torch.randint(vocab, (prefix,), generator=g).to(dev)
     caches = {}
     for name, t in targets.items():
@@ -789,7 +800,7 @@ README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
 def read_result(path: str | Path) -> dict:
     """A result JSON, or a one-line error naming the file (a typo, a .md given for the .json)."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise FastEagleError(f"cannot read the result file {path}: {exc}") from None
     if not isinstance(doc, dict):
@@ -801,20 +812,27 @@ def redraw(result_file: str | Path) -> None:
     """The .md table (and, for a method comparison, the .html charts) of a result JSON, drawn again."""
     path = Path(result_file)
     doc = read_result(path)
-    path.with_suffix(".md").write_text(markdown_table(doc))
+    write_text(path.with_suffix(".md"), markdown_table(doc))
     if "methods" in doc and "rows" in doc:
         charts(doc, path.with_suffix(".html"))
 
 
 def update_readme(result_files: list[str | Path], readme: str | Path = "README.md") -> None:
-    """Regenerate the README's results section from committed result files (never typed by hand)."""
+    """Regenerate the README's results section from committed result files (never typed by hand).
+    The README is read first, so a wrong --readme is named before the results are read."""
+    try:
+        text = Path(readme).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FastEagleError(f"cannot read --readme {readme}: {exc.strerror or exc} (run from the repository root "
+                             "or give --readme PATH)") from None
+    except UnicodeDecodeError as exc:
+        raise FastEagleError(f"--readme {readme} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if README_START not in text or README_END not in text:
+        raise FastEagleError(f"--readme {readme} has no {README_START} ... {README_END} section")
     docs = [read_result(f) for f in sorted(result_files)]
     body = "\n".join(f"{markdown_table(d)}\n<sub>from `{Path(f).as_posix()}`"
                      + (f", made by `{d['command']}`" if d.get("command") else "") + "</sub>\n"
                      for d, f in zip(docs, sorted(result_files)))
-    text = Path(readme).read_text()
-    if README_START not in text or README_END not in text:
-        raise FastEagleError(f"{readme} has no {README_START} ... {README_END} section")
     pre, rest = text.split(README_START, 1)
     post = rest.split(README_END, 1)[1]
-    Path(readme).write_text(f"{pre}{README_START}\n{body}{README_END}{post}")
+    write_text(readme, f"{pre}{README_START}\n{body}{README_END}{post}")

@@ -214,56 +214,96 @@ def _command() -> str:
     return "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def _report(doc: dict, out: str | None) -> int:
-    """Print a one-off measurement as a table and keep it as JSON (with the .md table beside it)."""
-    from fasteagle.bench import markdown_table
+def _report(doc: dict, out: str | None, charts: bool = False) -> int:
+    """Print a measurement as a table and keep it as JSON, with the .md table (and, for a method
+    comparison, the .html charts) beside it; every file is replaced whole or not at all."""
+    from fasteagle import bench, files
 
     doc["command"] = _command()
-    table = markdown_table(doc)
+    table = bench.markdown_table(doc)
     print(table)
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(doc, indent=2))
-        Path(out).with_suffix(".md").write_text(table)
-        print(f"wrote {out} (+ .md table)")
+        files.write_text(out, json.dumps(doc, indent=2))
+        files.write_text(Path(out).with_suffix(".md"), table)
+        print(f"wrote {out} (+ .md table{_charts_beside(doc, Path(out)) if charts else ''})")
     return 0
 
 
+def int_list(text: str, flag: str, minimum: int = 1) -> list[int]:
+    """A comma list of integers such as `--verify-cost 1,8,16`, each at least `minimum`."""
+    try:
+        values = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        raise FastEagleError(f"{flag} takes whole numbers separated by commas (got {text!r})") from None
+    small = [v for v in values if v < minimum]
+    if small:
+        raise FastEagleError(f"every {flag} value must be at least {minimum} (got {small[0]} in {text!r})")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    """A comma list of names or files, empty entries dropped."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _check_out(out: str, charts: bool) -> None:
+    """--out and the files written beside it must be writable before anything is timed: a write that
+    fails after the measurement would lose it."""
+    from fasteagle.files import check_writable
+
+    path = Path(out)
+    if path.suffix in (".md", ".html"):
+        raise FastEagleError(f"--out {out} would be overwritten by the {path.suffix} written beside the result; "
+                             "give a .json path")
+    check_writable(path, "--out")
+    for suffix in (".md", ".html") if charts else (".md",):
+        check_writable(path.with_suffix(suffix), f"the {suffix} beside --out,")
+
+
 def cmd_bench(args) -> int:
-    from fasteagle import bench
+    from fasteagle import bench, files
     from fasteagle.target import load_target
     from fasteagle.verify import SamplingParams
 
     if args.update_readme:
-        bench.update_readme(args.update_readme.split(","), args.readme)
+        bench.update_readme(_names(args.update_readme), args.readme)
         print(f"updated {args.readme} from {args.update_readme}")
         return 0
     if args.tree_budget is None:  # measurements keep the paper's size unless told (--tree auto tunes it)
         args.tree_budget = PAPER_BUDGET
     if args.redraw:
-        for f in args.redraw.split(","):
+        for f in _names(args.redraw):
             bench.redraw(f)
             print(f"redrew {Path(f).with_suffix('.md')} (+ .html charts for a method comparison)")
         return 0
+    # every list, file and output is checked before the model loads, so none fails after the timing
+    sizes = int_list(args.verify_cost, "--verify-cost") if args.verify_cost else None
+    depths = int_list(args.depths, "--depths")
+    budgets = int_list(args.budget_curve, "--budget-curve", minimum=2) if args.budget_curve else None
+    if args.draft_step and args.draft_step not in bench.SHAPES:
+        raise FastEagleError(f"unknown --draft-step shape {args.draft_step!r}; choose one of {', '.join(bench.SHAPES)}")
+    compares = not (sizes or args.draft_step or args.profile_step or budgets)
+    if args.out:
+        _check_out(args.out, charts=compares)
     if args.draft_step:
-        depths = tuple(int(x) for x in args.depths.split(","))
         return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
-                                                            pack=args.pack, int8=args.draft_int8), args.out)
-    if not args.verify_cost:  # what can be wrong with the prompts and methods fails before the model loads
+                                             pack=args.pack, int8=args.draft_int8), args.out)
+    if not sizes:
         if not args.prompts:
             raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
-        names = [m.strip() for m in args.methods.split(",") if m.strip()]
+        names = _names(args.methods)
         known = (*bench.HF_METHODS, *METHODS)
         unknown = [m for m in names if m not in known]
         if unknown:
             raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
         if "vanilla" not in names:
             names.insert(0, "vanilla")
-        files = args.prompts.split(",")
-        prompts = [p for f in files for p in bench.load_prompts(f, args.limit)]
+        prompt_files = _names(args.prompts)
+        if not prompt_files:
+            raise FastEagleError("--prompts names no file")
+        prompts = [p for f in prompt_files for p in bench.load_prompts(f, args.limit)]
     target = load_target(args.target, args.device, args.dtype, pack=args.pack)
-    if args.verify_cost:
-        sizes = tuple(int(x) for x in args.verify_cost.split(","))
+    if sizes:
         timed = target
         if args.compare_packing:
             if not target.packed:
@@ -272,8 +312,9 @@ def cmd_bench(args) -> int:
         return _report(bench.verify_cost(timed, sizes) | {"device": bench.device_name(target.device),
                                                           "packed_linears": target.packed}, args.out)
     methods = {m: None if m in bench.HF_METHODS else make_drafter(m, target, args) for m in names}
-    settings = {"prompts": files, "prompts_desc": f"{len(prompts)} prompts,", "max_new_tokens": args.max_new_tokens,
-                "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+    settings = {"prompts": prompt_files, "prompts_desc": f"{len(prompts)} prompts,",
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "seed": args.seed,
                 "tree_k": args.tree_k or {m: d.tree_k for m, d in methods.items() if hasattr(d, "tree_k")},
                 "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
                 "full_vocab": full_vocab_wanted(args, target.device), "dtype": str(target.dtype),
@@ -296,8 +337,7 @@ def cmd_bench(args) -> int:
                "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "settings": settings,
                "methods": profile_steps(target, methods, ids, args.max_new_tokens, sampling)}
         return _report(doc, args.out)
-    if args.budget_curve:
-        budgets = [int(x) for x in args.budget_curve.split(",")]
+    if budgets:
         drafted = [m for m, d in methods.items() if hasattr(d, "tree_budget")]
         if len(drafted) != 1:
             raise FastEagleError("--budget-curve replays one trained drafter: give --methods one of fasteagle, "
@@ -306,33 +346,40 @@ def cmd_bench(args) -> int:
         doc = bench.budget_curve(target, d, prompts, budgets, args.max_new_tokens, args.seed) | {
             "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
             "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "full_vocab": settings["full_vocab"],
-            "prompts_desc": settings["prompts_desc"], "prompts": files}
+            "prompts_desc": settings["prompts_desc"], "prompts": prompt_files}
         return _report(doc, args.out)
-    if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
-        settings["tree_budget"], settings["tree_auto"] = {}, {}
-        tune = bench.tuning_prompts(files, args.limit)
-        settings["tree_auto_prompts"] = [p["id"] for p in tune]
-        for m, d in methods.items():
-            if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
-                choice = bench.auto_tree(target, d, tune)
-                settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
+    done = kept = 0  # prompts measured, and those of them whose result is on disk
+
     def keep_so_far(rows: dict) -> None:  # a run killed by a time limit leaves what it measured
+        nonlocal done, kept
         done = len(next(iter(rows.values())))
         if args.out and done < len(prompts):
             partial = {"partial": {"prompts_done": done, "prompts": len(prompts)}}
-            _write_atomic(Path(args.out), json.dumps(bench.result_document(target, rows, settings) | partial
-                                                     | {"command": _command()}, indent=2))
+            files.write_text(args.out, json.dumps(bench.result_document(target, rows, settings) | partial
+                                                  | {"command": _command()}, indent=2))
+            kept = done
 
-    rows = bench.compare(target, methods, prompts, args.max_new_tokens, SamplingParams(args.temperature, args.top_p),
-                         args.seed, on_prompt=keep_so_far)
-    doc = bench.result_document(target, rows, settings) | {"command": _command()}
-    table = bench.markdown_table(doc)
-    print(table)
-    if args.out:
-        _write_atomic(Path(args.out), json.dumps(doc, indent=2))
-        Path(args.out).with_suffix(".md").write_text(table)
-        print(f"wrote {args.out} (+ .md table{_charts_beside(doc, Path(args.out))})")
-    return 0
+    try:
+        if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
+            settings["tree_budget"], settings["tree_auto"] = {}, {}
+            tune = bench.tuning_prompts(prompt_files, args.limit)
+            settings["tree_auto_prompts"] = [p["id"] for p in tune]
+            for m, d in methods.items():
+                if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
+                    choice = bench.auto_tree(target, d, tune)
+                    settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
+        rows = bench.compare(target, methods, prompts, args.max_new_tokens,
+                             SamplingParams(args.temperature, args.top_p), args.seed, on_prompt=keep_so_far)
+    except KeyboardInterrupt:
+        if kept:
+            print(f"interrupted: kept {kept} of {len(prompts)} prompts in {args.out}", file=sys.stderr)
+        elif args.out:
+            print(f"interrupted: nothing kept (no prompt had finished); {args.out} not written", file=sys.stderr)
+        else:
+            print(f"interrupted: nothing kept (no --out given) after {done} of {len(prompts)} prompts",
+                  file=sys.stderr)
+        return 130
+    return _report(bench.result_document(target, rows, settings), args.out, charts=True)
 
 
 def _charts_beside(doc: dict, out: Path) -> str:
@@ -347,14 +394,6 @@ def _charts_beside(doc: dict, out: Path) -> str:
               "them where it is", file=sys.stderr)
         return ""
     return ", .html charts"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace `path` whole or not at all (a kill mid-write keeps the previous version)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _drafter_summaries(methods: dict) -> dict:
