@@ -147,13 +147,7 @@ def check_tree_budget(target, budget: int | None) -> None:
 
 def parse_tree_k(text) -> list[int]:
     """`--tree-k`: one top-k for every depth, or one per depth ("8,4,2"), each at least 1."""
-    try:
-        ks = [int(x) for x in str(text).replace(" ", "").split(",")]
-    except ValueError:
-        raise FastEagleError(f"--tree-k must be an integer or a comma list like 8,4,2 (got {text!r})") from None
-    if any(k < 1 for k in ks):
-        raise FastEagleError(f"every --tree-k value must be at least 1 (got {text!r})")
-    return ks
+    return int_list(str(text).replace(" ", ""), "--tree-k", 1)
 
 
 def full_vocab_wanted(args, device) -> bool:

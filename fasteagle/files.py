@@ -73,8 +73,8 @@ def check_writable(path: str | Path, what: str, directory: bool = False) -> Path
     try:
         fd, probe = tempfile.mkstemp(dir=parent, prefix=".fasteagle-probe-")
     except OSError as exc:
-        raise FastEagleError(f"{what} {path} is not writable ({exc.strerror} in {parent}); "
-                             "choose another place") from None
+        raise FastEagleError(f"{what} {path} cannot be written: no new file can be made in {parent} "
+                             f"({exc.strerror}); choose another place") from None
     os.close(fd)
     os.unlink(probe)
     return path

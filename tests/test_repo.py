@@ -12,9 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def readme_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text())
+
+
 def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"```bash\n(.+?)\n```", text)[:2]
+    """The README's two commands (the app, the tests), after the line that makes the venv."""
+    return readme_blocks()[1:3]
 
 
 def test_readme_starts_with_space_header_and_two_commands():
@@ -27,10 +31,30 @@ def test_readme_starts_with_space_header_and_two_commands():
     assert "pytest" in tests
 
 
-def test_ci_runs_the_readme_test_command_and_fails_on_no_tests():
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert readme_commands()[1] in ci.splitlines()
-    assert '"$rc" -eq 5' in ci
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv_and_fails_on_no_tests():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    venv = readme_blocks()[0]
+    assert venv.startswith("python3 -m venv ") and "activate" in venv
+    assert any(line.startswith(venv) for line in ci), "CI makes its venv with the README's line"
+    assert readme_commands()[1] in ci
+    assert ci.index(next(line for line in ci if line.startswith(venv))) < ci.index(readme_commands()[1])
+    assert '"$rc" -eq 5' in "\n".join(ci)
+    assert "python -m ruff check ." in "\n".join(ci)
+
+
+def test_pyproject_declares_the_requirements():
+    """pip install . gets the same pins as requirements.txt, and the dev extra those of requirements-dev."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["build-system"]["build-backend"] == "setuptools.build_meta"
+    dynamic = project["tool"]["setuptools"]["dynamic"]
+    assert dynamic["dependencies"]["file"] == ["requirements.txt"]
+    assert project["tool"]["setuptools"]["packages"] == ["fasteagle", "fasteagle.train"]
+    dev = (ROOT / "requirements-dev.txt").read_text().splitlines()
+    assert dev[0] == "-r requirements.txt"
+    assert project["project"]["optional-dependencies"]["dev"] == dev[1:]
+    assert any(line.startswith("scipy==") for line in dev), "tests/test_verify.py needs scipy"
 
 
 def test_space_sdk_version_matches_requirements():
