@@ -34,6 +34,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 import viz  # noqa: E402
+from fasteagle import files  # noqa: E402
 from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, default_budget, make_drafter  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
@@ -618,7 +619,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                         "device": str(target.device), "dtype": dtype, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
                 run = viz.make_run_file(meta, sides, {i: engine.label(i) for i in sorted(ids_seen)})
                 path = Path(tempfile.mkdtemp(prefix="fasteagle-")) / f"fasteagle-trace-{time.strftime('%H%M%S')}.json"
-                path.write_text(viz.trace_io.dumps(run), encoding="utf-8")
+                files.write_text(path, viz.trace_io.dumps(run))
                 upd = finish(run, engine.label_decode)
                 upd[download] = str(path)
                 yield upd
