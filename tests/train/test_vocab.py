@@ -64,8 +64,8 @@ def test_command_rewrites_only_the_compact_vocab(tiny, tmp_path, capsys):
 
 
 def test_command_errors_are_one_line(tiny, tmp_path, capsys):
-    """A missing drafter, a size over the draft vocab, or another tokenizer's data: exit 1 and a
-    `fasteagle:` line, not a traceback."""
+    """A missing drafter, a size over the draft vocab, or another tokenizer's data: exit 2 and an
+    `error:` line, not a traceback."""
     make(tiny).save(tmp_path / "d")
     ok = {"ids": ["a"], "prompt_ids": [[1]], "input_ids": [[1, 9]], "loss_mask": [[0, 1]]}
     save_token_dataset(ok, tmp_path / "r.pt")
@@ -73,7 +73,7 @@ def test_command_errors_are_one_line(tiny, tmp_path, capsys):
     for argv in ([str(tmp_path / "missing"), "--size", "4", "--data", str(tmp_path / "r.pt")],
                  [str(tmp_path / "d"), "--size", str(TINY_VOCAB + 1), "--data", str(tmp_path / "r.pt")],
                  [str(tmp_path / "d"), "--size", "4", "--data", str(tmp_path / "other.pt")]):
-        assert vocab.main(argv) == 1
-        assert capsys.readouterr().err.startswith("fasteagle: ")
+        assert vocab.main(argv) == 2
+        assert capsys.readouterr().err.startswith("error: ")
     with pytest.raises(SystemExit):
         vocab.main([str(tmp_path / "d"), "--size", "0", "--data", str(tmp_path / "r.pt")])
