@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
+from fasteagle.files import write_text
 from fasteagle.train.teacher import (
     PROMPT_TAIL,
     Batch,
@@ -260,8 +262,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     step, epoch, in_epoch, trained_s = 0, 0, 0, 0.0
     ckpt = out / "checkpoint"
     if (ckpt / "state.json").exists():
-        accel.load_state(str(ckpt))
         state = json.loads((ckpt / "state.json").read_text())
+        accel.load_state(str(ckpt / state.get("dir", ".")))  # no "dir": a checkpoint saved in place before
         step, epoch, in_epoch = state["step"], state.get("epoch", 0), state.get("in_epoch", 0)
         trained_s = state.get("train_seconds", 0.0)
         accel.print(f"resumed at step {step} (epoch {epoch}, batch {in_epoch}, {trained_s / 60:.1f} min trained)")
@@ -291,11 +293,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                 history.append({"step": step, "loss": float(loss.detach())} | stats)
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
             if step % cfg.checkpoint_every == 0:
-                accel.save_state(str(ckpt))
-                if accel.is_main_process:
-                    (ckpt / "state.json").write_text(json.dumps({
-                        "step": step, "epoch": epoch, "in_epoch": in_epoch,
-                        "train_seconds": round(time.monotonic() - t_train, 3)}))
+                save_checkpoint(accel, ckpt, {"step": step, "epoch": epoch, "in_epoch": in_epoch,
+                                              "train_seconds": round(time.monotonic() - t_train, 3)})
             out_of_time = cfg.minutes and time.monotonic() - t_train > cfg.minutes * 60
             if step >= total_steps or out_of_time:
                 done = True
@@ -321,10 +320,23 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         info["training"] |= {"command": command, "steps_all": before["steps_all"] + step,
                              "train_minutes_all": round(before["train_minutes_all"] + train_minutes, 2)}
         raw.save(out, extra=info, shard_mb=cfg.shard_mb)
-        (out / "README.md").write_text(model_card(raw, info))
-        (out / "history.json").write_text(json.dumps(history))
-        (out / "eval.json").write_text(json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
+        write_text(out / "README.md", model_card(raw, info))
+        write_text(out / "history.json", json.dumps(history))
+        write_text(out / "eval.json", json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
     return out
+
+
+def save_checkpoint(accel, ckpt: Path, state: dict) -> None:
+    """Save the run's state into a folder of its own, then point `ckpt/state.json` at it in one rename,
+    then remove the older folders: a run killed while saving resumes from the checkpoint before."""
+    name = f"step-{state['step']:08d}"
+    accel.save_state(str(ckpt / name))
+    accel.wait_for_everyone()
+    if accel.is_main_process:
+        write_text(ckpt / "state.json", json.dumps(state | {"dir": name}))
+        for old in ckpt.glob("step-*"):
+            if old.name != name and old.is_dir():
+                shutil.rmtree(old)
 
 
 def mixed_precision(cfg: TrainConfig) -> str:
