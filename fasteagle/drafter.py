@@ -25,6 +25,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from fasteagle import packing
 from fasteagle.draftgraph import DraftStep, device_tree_wanted, graphs_wanted
 from fasteagle.errors import FastEagleError
+from fasteagle.fields import check_types
 from fasteagle.files import atomic_path, write_text
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
@@ -659,8 +660,9 @@ def read_config(path: str | Path) -> tuple[dict, DrafterConfig]:
         raw = json.loads((Path(path) / "config.json").read_text())
         if not isinstance(raw, dict):
             raise TypeError("not a JSON object")
-        names = DrafterConfig.__dataclass_fields__
-        return raw, DrafterConfig(**{k: v for k, v in raw.items() if k in names})
+        values = {k: v for k, v in raw.items() if k in DrafterConfig.__dataclass_fields__}
+        check_types(DrafterConfig, values, f"the drafter config at {path}")
+        return raw, DrafterConfig(**values)
     except (OSError, ValueError, TypeError) as exc:
         raise FastEagleError(f"cannot read the drafter config at {path}: {exc}") from None
 

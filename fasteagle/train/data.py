@@ -405,13 +405,21 @@ def load_token_dataset(path: str | Path, skip: int = 0, limit: int | None = None
     if not isinstance(payload, dict) or payload.get("format") != "fasteagle-token-dataset-v2":
         raise FastEagleError(f"{path} is not a fasteagle token dataset")
     keep = slice(skip, None if limit is None else skip + limit)
-    input_ids = _unflatten(*payload["input_ids"])[keep]
-    runs = _unflatten(*payload["loss_mask_runs"])[keep]
+    try:
+        input_ids = _unflatten(*payload["input_ids"])[keep]
+        runs = _unflatten(*payload["loss_mask_runs"])[keep]
+        prompt_ids, record_ids = _unflatten(*payload["prompt_ids"])[keep], list(payload["ids"])[keep]
+    except KeyError as exc:
+        raise FastEagleError(f"{path} is a damaged token dataset: it has no {exc.args[0]}; write it again") from None
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise FastEagleError(f"{path} is a damaged token dataset ({exc}); write it again") from None
+    if not len(input_ids) == len(runs) == len(prompt_ids) == len(record_ids):
+        raise FastEagleError(f"{path} is a damaged token dataset: its lists differ in length; write it again")
     return {
         "input_ids": input_ids,
         "loss_mask": [_mask_from_runs(r, len(ids)) for r, ids in zip(runs, input_ids)],
-        "prompt_ids": _unflatten(*payload["prompt_ids"])[keep],
-        "ids": list(payload["ids"])[keep],
+        "prompt_ids": prompt_ids,
+        "ids": record_ids,
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,7 +19,8 @@ from tqdm.auto import tqdm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
-from fasteagle.files import write_text
+from fasteagle.fields import check_types
+from fasteagle.files import check_writable, write_text
 from fasteagle.train.teacher import (
     PROMPT_TAIL,
     Batch,
@@ -88,6 +90,71 @@ class TrainConfig:
     shard_mb: float | None = None  # split model.safetensors into files of at most this size
     eval_initial: bool = True  # also evaluate the untrained drafter, to show what training bought
 
+    def check(self) -> TrainConfig:
+        """Refuse a setting of the wrong type or out of range, from a flag or a --config file alike,
+        before any model loads (a bad value would otherwise fail deep in training, or never stop)."""
+        def plain(v):  # paths given as Path objects (the API) pass as strings
+            return os.fspath(v) if isinstance(v, os.PathLike) else [plain(x) for x in v] if isinstance(v, list) else v
+
+        values = {k: plain(v) for k, v in asdict(self).items()}
+        check_types(TrainConfig, values, "training setting")
+
+        def refuse(name: str, rule: str) -> None:
+            flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+            raise FastEagleError(f"{name} ({flag}) must be {rule}, not {values[name]!r}")
+
+        for name, (low, rule) in _RANGES.items():
+            v = values[name]
+            if v is None and name in _OPTIONAL:
+                continue
+            if (isinstance(v, float) and not math.isfinite(v)) or v < low or (v == low and rule.startswith("above")):
+                refuse(name, rule)
+        if not self.seed < 2**63:
+            refuse("seed", "below 2**63")
+        for name, choices in _CHOICES.items():
+            if values[name] not in choices:
+                refuse(name, " or ".join(choices))
+        if self.reuse_features and self.features != "cache":
+            raise FastEagleError(f"--reuse-features needs --features cache, not {self.features!r}")
+        if self.extra_data and (self.reuse_features or (self.distill and self.features == "cache")):
+            raise FastEagleError("--add-data joins token datasets; with feature shards (--distill --features cache, "
+                                 "--reuse-features) use --add-features instead")
+        return self
+
+
+_FLAGS = {"extra_data": "--add-data", "extra_features": "--add-features"}  # the rest: --name-with-dashes
+_AT_LEAST_1 = ("max_len", "num_layers", "depth", "intermediate", "topk", "batch_tokens", "checkpoint_every",
+               "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit")
+_AT_LEAST_0 = ("skip", "draft_vocab", "loss_vocab", "micro_batch", "warmup", "distill_sample_every",
+               "eval_sequences", "seed", "weight_decay", "lr")  # lr 0: evaluate a drafter as it is
+_ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard_mb")
+_RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") for n in _AT_LEAST_0}
+           | {n: (0, "above 0") for n in _ABOVE_0})
+_OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
+_CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"),
+            "mixed_precision": ("auto", "bf16", "no")}
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A --config file: a JSON object of TrainConfig fields (`out` in it gives way to --out)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FastEagleError(f"--config {path}: {'a folder' if path.is_dir() else 'no such file'}; "
+                             "give a JSON file of training settings")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FastEagleError(f"--config {path} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+                             ) from None
+    if not isinstance(raw, dict):
+        raise FastEagleError(f"--config {path} must hold a JSON object of training settings, "
+                             f"not a {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(TrainConfig.__dataclass_fields__))
+    if unknown:
+        raise FastEagleError(f"--config {path}: unknown setting {unknown[0]!r} (the settings are the fields of "
+                             "TrainConfig in fasteagle/train/trainer.py)")
+    return raw
+
 
 def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     """The whole pipeline; `target` (a loaded `Target`) overrides `cfg.target` (tests pass a tiny one);
@@ -97,9 +164,14 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     from fasteagle.target import load_target
     from fasteagle.train import data as data_mod
 
+    cfg.check()
+    out = check_writable(cfg.out, "--out", directory=True)  # made when the first file is written
+    if cfg.features == "cache" and not cfg.reuse_features:
+        check_writable(cfg.feature_dir or out / "features", "--feature-dir", directory=True)
+    for path in (cfg.data, cfg.holdout_data, *cfg.extra_data):
+        if path and not Path(path).exists():
+            raise FastEagleError(f"no token dataset at {path}; build one first (python -m fasteagle.train.data)")
     torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     # a batch whose replies end early leaves the deepest layers without a loss (`CascadedDrafter.loss`
     # skips them): under several processes DDP must expect parameters without gradients
     accel = Accelerator(mixed_precision=mixed_precision(cfg), cpu=cfg.device == "cpu",
@@ -108,8 +180,12 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     model, tok = target.model, target.tokenizer
     t_start = time.monotonic()
 
+    vocab_size = model.config.vocab_size
+    if cfg.topk > vocab_size:
+        raise FastEagleError(f"topk must be at most the target's vocabulary ({vocab_size} tokens), not {cfg.topk}")
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
-                                    loss_decay=cfg.loss_decay, draft_vocab=cfg.draft_vocab)
+                                    loss_decay=cfg.loss_decay,  # a draft vocab of them all is the whole one: 0
+                                    draft_vocab=cfg.draft_vocab if cfg.draft_vocab < vocab_size else 0)
     drafter_cls = CascadedDrafter
     if cfg.drafter == "eagle3":
         from fasteagle.eagle3 import AutoregressiveDrafter
@@ -121,11 +197,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     fdir = Path(cfg.feature_dir or out / "features")
 
     # 1. data: ShareGPT (or a saved dataset), optionally rewritten by the target itself
-    if cfg.extra_data and (cfg.reuse_features or (cfg.distill and cfg.features == "cache")):
-        raise FastEagleError("--add-data joins token datasets; with feature shards (--distill --features cache, "
-                             "--reuse-features) use --add-features instead")
     if cfg.reuse_features:  # another run's shards: the same data through the same teacher pass
-        if cfg.features != "cache" or not any(fdir.glob("shard-*.pt")):
+        if not any(fdir.glob("shard-*.pt")):
             raise FastEagleError(f"--reuse-features needs --features cache and shards in {fdir}")
         train_data = None
     else:
@@ -205,7 +278,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         drafter = drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:
             drafter.init_from_target(model)
-        if cfg.draft_vocab:
+        if dcfg.draft_vocab:
             drafter.set_vocab(counts)
     if drafter.cfg.draft_vocab:
         accel.print(f"draft vocab covers {float(counts[drafter.vocab_ids.cpu()].sum() / max(1, n_tokens)):.1%} "
@@ -399,7 +472,7 @@ def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> fl
     progress = step / total_steps
     if cfg.minutes:
         progress = max(progress, elapsed_s / (cfg.minutes * 60))
-    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup)) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 @torch.no_grad()
