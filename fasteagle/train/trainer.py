@@ -207,6 +207,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         else:
             train_data = data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
                                                       english_only=cfg.english_only, skip=cfg.skip)
+        if not train_data["input_ids"] and not cfg.extra_data:
+            raise no_data(cfg)
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
     prompts = [p[-PROMPT_TAIL:] for p in train_data["prompt_ids"]] if train_data else []
     # with the cache, one target pass yields both the replies and their features
@@ -222,6 +224,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     elif cfg.distill and train_data is not None:
         train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget,
                                   sample_every=cfg.distill_sample_every, seed=cfg.seed)
+        if not train_data["input_ids"] and not cfg.extra_data:
+            raise no_data(cfg, distilled=True)
         data_mod.save_token_dataset(train_data, out / "distilled.pt")
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
     if holdout is not None and cfg.distill:  # evaluate on what the target itself says (greedy)
@@ -234,6 +238,13 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             data_mod.save_token_dataset(holdout, holdout_file)
     if cfg.extra_data and train_data is not None and not cfg.distill_only:  # e.g. greedy and sampled replies
         train_data = data_mod.join_token_datasets(train_data, *map(data_mod.load_token_dataset, cfg.extra_data))
+    if train_data is not None and not train_data["input_ids"]:
+        raise no_data(cfg, distilled=cfg.distill)
+    if train_data is not None:
+        train_data = with_replies(train_data, cfg.max_len)
+        if not train_data["input_ids"]:
+            raise FastEagleError(f"no training data left: no record has a reply token the loss can count within "
+                                 f"its first {cfg.max_len} tokens (--max-len)")
     if cfg.features == "cache" and train_data is not None:
         cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
     dirs = [fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
@@ -242,6 +253,9 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         if not shards_by_dir[d]:
             raise FastEagleError(f"no feature shards in {d} (extra_features)")
     shards = [s for d in dirs for s in shards_by_dir[d]]
+    if dirs and not shards:
+        raise FastEagleError(f"no feature shards in {fdir}: the distillation kept no replies (each needs 4 tokens "
+                             "or more); give it more time or tokens (--distill-minutes, --distill-max-new)")
     if cfg.distill_only:
         accel.print(f"distilled data written to {out} ({len(shards)} feature shards)")
         return out
@@ -347,7 +361,11 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     history = []
     bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accel.is_main_process)
     t_train = time.monotonic() - trained_s  # a resumed run's schedule and time budget go on, not restart
-    done = step >= total_steps
+
+    def out_of_time() -> bool:
+        return bool(cfg.minutes) and time.monotonic() - t_train > cfg.minutes * 60
+
+    done = step >= total_steps or out_of_time()
     while not done:
         for batch in batches(epoch, in_epoch):
             in_epoch += 1
@@ -368,12 +386,15 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             if step % cfg.checkpoint_every == 0:
                 save_checkpoint(accel, ckpt, {"step": step, "epoch": epoch, "in_epoch": in_epoch,
                                               "train_seconds": round(time.monotonic() - t_train, 3)})
-            out_of_time = cfg.minutes and time.monotonic() - t_train > cfg.minutes * 60
-            if step >= total_steps or out_of_time:
+            if step >= total_steps or out_of_time():
                 done = True
                 break
-        else:
+        else:  # the epoch ran out (a resumed run's may have been done already: in_epoch > 0)
+            if in_epoch == 0:
+                raise FastEagleError(f"an epoch gave this process no batch to train on ({n_batches} batches for "
+                                     f"{accel.num_processes} processes); give it more data")
             epoch, in_epoch = epoch + 1, 0
+            done = out_of_time()
     bar.close()
     train_minutes = (time.monotonic() - t_train) / 60
 
@@ -397,6 +418,23 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         write_text(out / "history.json", json.dumps(history))
         write_text(out / "eval.json", json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
     return out
+
+
+def no_data(cfg: TrainConfig, distilled: bool = False) -> FastEagleError:
+    """The error for a run left with no record to train on (an empty epoch would loop forever)."""
+    where = cfg.data or "ShareGPT's train split"
+    after = f" after the first {cfg.skip} (--skip)" if cfg.skip else ""
+    if distilled:
+        return FastEagleError("no training data left: the self-distillation kept no replies (each needs 4 tokens "
+                              "or more); give it more time or tokens (--distill-minutes, --distill-max-new)")
+    return FastEagleError(f"no training data left: {where} has no records{after}" + ("; lower --skip" if after else ""))
+
+
+def with_replies(data: dict, max_len: int) -> dict:
+    """The records with a reply token the loss counts within their first `max_len` tokens (from
+    position 2 on: depth 1 predicts the token two ahead of its feature); the others teach nothing."""
+    keep = [i for i, m in enumerate(data["loss_mask"]) if any(m[2:max_len])]
+    return data if len(keep) == len(data["loss_mask"]) else {k: [v[i] for i in keep] for k, v in data.items()}
 
 
 def save_checkpoint(accel, ckpt: Path, state: dict) -> None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fasteagle import cli
+from fasteagle.errors import FastEagleError
 from fasteagle.train import data as data_mod
 from fasteagle.train import vocab
 from fasteagle.train.trainer import TrainConfig, read_config_file
@@ -71,6 +72,9 @@ VOCAB = ["{fx}/drafter", "--size", "4", "--data", "{fx}/data.pt"]
 
 # (command, args, a word the message must name)
 ROWS = [
+    ("train", [*TRAIN, "--out", "{tmp}/out", "--max-steps", "2", "--skip", "1000"], "no training data left"),
+    ("train", [*TRAIN, "--out", "{tmp}/out", "--max-steps", "2", "--distill", "--distill-max-new", "2"],
+     "kept no replies"),
     ("train", [*TRAIN, "--out", "{tmp}/out", "--config", "{tmp}/missing.json"], "no such file"),
     ("train", [*TRAIN, "--out", "{tmp}/out", "--config", "{fx}"], "folder"),
     ("train", [*TRAIN, "--out", "{tmp}/out", "--config", "{fx}/notjson.json"], "not valid JSON"),
@@ -85,6 +89,7 @@ ROWS = [
     ("train", [*TRAIN, "--out", "{tmp}/out", "--lr", "-1"], "lr"),
     ("train", [*TRAIN, "--out", "{tmp}/out", "--num-layers", "0"], "num-layers"),
     ("train", [*TRAIN, "--out", "{tmp}/out", "--max-len", "0"], "max-len"),
+    ("train", [*TRAIN, "--out", "{tmp}/out", "--max-len", "2"], "max-len"),  # no reply token within it
     ("train", [*TRAIN, "--out", "{tmp}/out", "--config", "{fx}/topk.json"], "topk"),
     ("train", [*TRAIN, "--out", "{tmp}/out", "--draft-vocab", "-5"], "draft-vocab"),
     ("train", [*TRAIN, "--out", "{tmp}/out", "--epochs", "-1"], "epochs"),
@@ -129,6 +134,19 @@ def test_bad_train_input_is_one_line(cmd, args, word, tmp_path, tiny_dir, bad_di
     assert list(tmp_path.iterdir()) == [], "a refused command leaves nothing behind"
     assert (_snapshot(fx), _snapshot(bad_dir)) == before, "a refused command changes no input"
 
+
+
+def test_an_epoch_without_batches_stops_the_run(tiny, fx, tmp_path, monkeypatch):
+    """A process whose share of an epoch is empty (more processes than batches) says so at once
+    rather than looping over empty epochs forever, and writes no drafter."""
+    from fasteagle.train import trainer
+
+    monkeypatch.setattr(trainer, "process_share", lambda order, index, count: [])
+    cfg = trainer.TrainConfig(out=str(tmp_path / "out"), data=str(fx / "data.pt"), num_layers=2, intermediate=64,
+                              topk=4, batch_tokens=200, max_steps=2, minutes=0.01, device="cpu")
+    with deadline(60), pytest.raises(FastEagleError, match="no batch"):
+        trainer.train(cfg, target=tiny)
+    assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
 def test_the_shipped_training_configs_pass_the_checks():
