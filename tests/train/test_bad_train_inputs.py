@@ -7,8 +7,11 @@ records `data.pt`, a drafter `drafter/`, broken variants of both, config files).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -154,3 +157,13 @@ def test_the_shipped_training_configs_pass_the_checks():
     assert files
     for f in files:
         TrainConfig(**read_config_file(f) | {"out": "x"}).check()
+
+
+def test_the_vocab_command_prints_one_line_as_a_process(tmp_path):
+    """`python -m fasteagle.train.vocab` as a user runs it: its own exit code and stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    proc = subprocess.run([sys.executable, "-m", "fasteagle.train.vocab", str(tmp_path / "missing"), "--size", "4",
+                           "--data", str(tmp_path / "r.pt")], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: no drafter"), proc.stderr
