@@ -190,15 +190,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from fasteagle.train.trainer import TrainConfig, train
+    from fasteagle.train.trainer import TrainConfig, read_config_file, train
 
-    fields = TrainConfig.__dataclass_fields__
-    overrides = json.loads(Path(args.config).read_text()) if args.config else {}
-    cfg = TrainConfig(out=args.out, **{k: v for k, v in overrides.items() if k in fields})
-    for k in fields:
-        v = getattr(args, k, None)
-        if v is not None and k != "out":
-            setattr(cfg, k, v)
+    settings = read_config_file(args.config) if args.config else {}  # the flags given override it
+    settings |= {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if getattr(args, k, None) is not None}
+    cfg = TrainConfig(**settings).check()  # every setting, before the target loads
     train(cfg, command=_command())
     return 0
 
@@ -416,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a FastEagle drafter for a target")
     t.add_argument("--out", required=True, help="output directory for the drafter")
-    t.add_argument("--config", default=None, help="JSON file of TrainConfig fields")
+    t.add_argument("--config", default=None,
+                   help="JSON object of TrainConfig fields (fasteagle/train/trainer.py); the flags given override it")
     _add_target_args(t)
     t.add_argument("--data", default=None, help="saved token dataset (default: tokenize ShareGPT)")
     t.add_argument("--holdout-data", dest="holdout_data", default=None)

@@ -25,6 +25,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from fasteagle import packing
 from fasteagle.draftgraph import DraftStep, device_tree_wanted, graphs_wanted
 from fasteagle.errors import FastEagleError
+from fasteagle.files import atomic_path, write_text
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.packing import PackedLinear, WeightCopy, copy_class, pack_linears
@@ -582,13 +583,12 @@ class CascadedDrafter(nn.Module):
     def save(self, out: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16,
              shard_mb: float | None = None) -> None:
         """Write config.json and model.safetensors (or model-00000.safetensors... shards of at most
-        `shard_mb` MB each, for transports with a per-file limit)."""
+        `shard_mb` MB each, for transports with a per-file limit). Each file is replaced whole, the
+        weights before the config, and stale shards go last: an interrupted save (rewriting a drafter
+        in place) leaves the old drafter loadable."""
         from safetensors.torch import save_file
 
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        for old in out.glob("model*.safetensors"):
-            old.unlink()
         state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
                  for k, v in self.state_dict().items()}
         if self.compact_vocab is not None:
@@ -601,9 +601,14 @@ class CascadedDrafter(nn.Module):
                 cur, size = {}, 0
             cur[k], size = v, size + nbytes
         shards.append(cur)
-        for i, shard in enumerate(shards):
-            save_file(shard, out / ("model.safetensors" if len(shards) == 1 else f"model-{i:05d}.safetensors"))
-        (out / "config.json").write_text(json.dumps(asdict(self.cfg) | (extra or {}), indent=2))
+        names = [f"model-{i:05d}.safetensors" for i in range(len(shards))] if len(shards) > 1 else ["model.safetensors"]
+        for name, shard in zip(names, shards):
+            with atomic_path(out / name) as tmp:
+                save_file(shard, str(tmp))
+        write_text(out / "config.json", json.dumps(asdict(self.cfg) | (extra or {}), indent=2))
+        for old in out.glob("model*.safetensors"):
+            if old.name not in names:
+                old.unlink()
 
     @classmethod
     def load(cls, path: str | Path, target_model: nn.Module | None = None, int8: bool | None = None) -> CascadedDrafter:
@@ -666,14 +671,14 @@ def peek(path: str | Path) -> tuple[dict, DrafterConfig, list[Path]]:
 
 def read_config(path: str | Path) -> tuple[dict, DrafterConfig]:
     """A drafter directory's config.json, raw and as a DrafterConfig (without loading weights)."""
-    from fasteagle.files import dataclass_from_json
+    from fasteagle.fields import from_json
 
     file = Path(path) / "config.json"
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise FastEagleError(f"cannot read the drafter config {file}: {exc}") from None
-    return raw, dataclass_from_json(DrafterConfig, raw, f"the drafter config {file}")
+    return raw, from_json(DrafterConfig, raw, f"the drafter config {file}")
 
 
 def check_fingerprint(cfg: DrafterConfig, target_model: nn.Module) -> None:

@@ -73,65 +73,9 @@ def check_writable(path: str | Path, what: str, directory: bool = False) -> Path
     try:
         fd, probe = tempfile.mkstemp(dir=parent, prefix=".fasteagle-probe-")
     except OSError as exc:
-        raise FastEagleError(f"{what} {path} cannot be written: no new file can be made in {parent} "
+        raise FastEagleError(f"{what} {path} is not writable: no new file can be made in {parent} "
                              f"({exc.strerror}); choose another place") from None
     os.close(fd)
     os.unlink(probe)
     return path
 
-
-def dataclass_from_json(cls, raw, where: str, strict: bool = False):
-    """An instance of the dataclass `cls` from a parsed JSON object, with every value checked against
-    its field's type (int, float, str, bool, lists of them, None where Optional), so a config with
-    a wrong type is a one-line error here and not a TypeError deep in a model. Unknown keys are
-    ignored, or refused when `strict`."""
-    import dataclasses
-    import typing
-
-    if not isinstance(raw, dict):
-        raise FastEagleError(f"{where} must be a JSON object ({{\"name\": value, ...}}), not a {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    if strict and (unknown := sorted(set(raw) - names)):
-        raise FastEagleError(f"{where}: unknown setting {unknown[0]!r}; known: {', '.join(sorted(names))}")
-    for key in names & set(raw):
-        if not _is_a(raw[key], hints[key]):
-            raise FastEagleError(f"{where}: {key} must be {_type_name(hints[key])}, not {raw[key]!r}")
-    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in raw
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise FastEagleError(f"{where}: {missing[0]} is missing")
-    return cls(**{k: raw[k] for k in names & set(raw)})
-
-
-def _is_a(value, hint) -> bool:
-    import types
-    import typing
-
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_is_a(value, h) for h in typing.get_args(hint))
-    if origin is list:
-        (item,) = typing.get_args(hint) or (typing.Any,)
-        return isinstance(value, list) and all(_is_a(v, item) for v in value)
-    if hint is typing.Any:
-        return True
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint) if isinstance(hint, type) else True
-
-
-def _type_name(hint) -> str:
-    import typing
-
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is list:
-        return f"a list of {_type_name(args[0])}" if args else "a list"
-    if args:
-        return " or ".join(_type_name(a) for a in args)
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-            type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint)))

@@ -15,14 +15,12 @@ Run `python -m fasteagle.train.data --write-prompts` to regenerate the committed
 
 from __future__ import annotations
 
-import argparse
 import ast
 import gzip
 import hashlib
 import json
 import pickle
 import re
-import sys
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +30,8 @@ from typing import Any, Literal
 import torch
 from tqdm.auto import tqdm
 
-from fasteagle.errors import FastEagleError
+from fasteagle.errors import FastEagleError, Parser, run_command
+from fasteagle.files import check_writable, torch_save, write_text
 from fasteagle.paths import fetch_wheel_member
 from fasteagle.train.teacher import PROMPT_TAIL, distill_order
 
@@ -375,8 +374,7 @@ def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
         "loss_mask_runs": _flatten([_mask_runs(m) for m in data["loss_mask"]], torch.int32),
         "prompt_ids": _flatten(data["prompt_ids"], dtype),
     }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, str(path))
+    torch_save(payload, path)
 
 
 def reply_counts(data: dict[str, list], vocab_size: int) -> torch.Tensor:
@@ -407,13 +405,21 @@ def load_token_dataset(path: str | Path, skip: int = 0, limit: int | None = None
     if not isinstance(payload, dict) or payload.get("format") != "fasteagle-token-dataset-v2":
         raise FastEagleError(f"{path} is not a fasteagle token dataset")
     keep = slice(skip, None if limit is None else skip + limit)
-    input_ids = _unflatten(*payload["input_ids"])[keep]
-    runs = _unflatten(*payload["loss_mask_runs"])[keep]
+    try:
+        input_ids = _unflatten(*payload["input_ids"])[keep]
+        runs = _unflatten(*payload["loss_mask_runs"])[keep]
+        prompt_ids, record_ids = _unflatten(*payload["prompt_ids"])[keep], list(payload["ids"])[keep]
+    except KeyError as exc:
+        raise FastEagleError(f"{path} is a damaged token dataset: it has no {exc.args[0]}; write it again") from None
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise FastEagleError(f"{path} is a damaged token dataset ({exc}); write it again") from None
+    if not len(input_ids) == len(runs) == len(prompt_ids) == len(record_ids):
+        raise FastEagleError(f"{path} is a damaged token dataset: its lists differ in length; write it again")
     return {
         "input_ids": input_ids,
         "loss_mask": [_mask_from_runs(r, len(ids)) for r, ids in zip(runs, input_ids)],
-        "prompt_ids": _unflatten(*payload["prompt_ids"])[keep],
-        "ids": list(payload["ids"])[keep],
+        "prompt_ids": prompt_ids,
+        "ids": record_ids,
     }
 
 
@@ -623,9 +629,7 @@ def write_prompt_files(out_dir: str | Path = "assets/prompts", n_chat: int = 60,
     written = []
     for name, records in (("sharegpt_holdout.jsonl", chat), ("humaneval.jsonl", code)):
         target = out / name
-        with open(target, "w", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        write_text(target, "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
         written.append(target)
     return written
 
@@ -639,7 +643,7 @@ def _stats() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fasteagle.train.data", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m fasteagle.train.data", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-prompts", action="store_true", help="write the evaluation prompt files")
     parser.add_argument("--out-dir", default="assets/prompts", help="where --write-prompts writes")
     parser.add_argument("--n-chat", type=int, default=60)
@@ -661,33 +665,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.write_prompts or args.stats or args.prompts_out):
         parser.error("nothing to do: pass --write-prompts, --prompts-out and/or --stats")
-    try:
-        if args.stats:
-            _stats()
-        if args.prompts_out:
-            if args.from_file:
-                data = load_token_dataset(args.from_file)
-            else:
-                from fasteagle.target import load_target
+    return run_command(lambda: _run(args))
 
-                tok = load_target(None, device="cpu").tokenizer
-                if args.code:
-                    code = library_code_prompts(args.code.split(","))
-                    data = build_text_prompt_dataset(tok, tqdm(code, desc="code prompts"), args.max_prompt_tokens)
-                else:
-                    data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
-            n = len(data["ids"])
-            if args.exclude_distilled:
-                data = exclude_distilled(data, args.exclude_distilled)
-            save_token_dataset(data, args.prompts_out)
-            dropped = f" ({n - len(data['ids'])} already distilled left out)" if args.exclude_distilled else ""
-            print(f"wrote {len(data['ids'])} prompts to {args.prompts_out}{dropped}")
-        if args.write_prompts:
-            for p in write_prompt_files(args.out_dir, args.n_chat, args.n_code):
-                print(f"wrote {p}")
-    except FastEagleError as e:
-        print(f"fasteagle: {e}", file=sys.stderr)
-        return 1
+
+def _run(args) -> int:
+    if args.prompts_out:
+        check_writable(args.prompts_out, "--prompts-out")
+    if args.write_prompts:
+        check_writable(args.out_dir, "--out-dir", directory=True)
+    if args.stats:
+        _stats()
+    if args.prompts_out:
+        if args.from_file:
+            data = load_token_dataset(args.from_file)
+        else:
+            from fasteagle.target import load_target
+
+            tok = load_target(None, device="cpu").tokenizer
+            if args.code:
+                code = library_code_prompts(args.code.split(","))
+                data = build_text_prompt_dataset(tok, tqdm(code, desc="code prompts"), args.max_prompt_tokens)
+            else:
+                data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
+        n = len(data["ids"])
+        if args.exclude_distilled:
+            data = exclude_distilled(data, args.exclude_distilled)
+        save_token_dataset(data, args.prompts_out)
+        dropped = f" ({n - len(data['ids'])} already distilled left out)" if args.exclude_distilled else ""
+        print(f"wrote {len(data['ids'])} prompts to {args.prompts_out}{dropped}")
+    if args.write_prompts:
+        for p in write_prompt_files(args.out_dir, args.n_chat, args.n_code):
+            print(f"wrote {p}")
     return 0
 
 

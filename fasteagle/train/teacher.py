@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fasteagle.errors import FastEagleError
+from fasteagle.files import torch_save, write_text
 
 
 @dataclass
@@ -83,8 +84,7 @@ def _claim_dir(out: Path, inputs: dict) -> None:
     if stamp.exists() and stamp.read_text().strip() != key:
         raise FastEagleError(f"{out} holds feature shards made from other data or settings; delete it or "
                              "choose another feature directory (--feature-dir)")
-    out.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(key + "\n")
+    write_text(stamp, key + "\n")
 
 
 def cache_features(model, data: dict, out_dir: str | Path, feature_layers: list[int], batch_tokens: int = 4096,
@@ -102,10 +102,8 @@ def cache_features(model, data: dict, out_dir: str | Path, feature_layers: list[
             continue
         ids, mask = pad_batch([data["input_ids"][i] for i in idx], [data["loss_mask"][i] for i in idx])
         feats, t_ids, t_p = teach(model, ids.to(dev), feature_layers, topk)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"input_ids": ids.int(), "loss_mask": mask.bool(), "feats": feats.half().cpu(),
-                    "teacher_ids": t_ids.cpu(), "teacher_probs": t_p.cpu()}, tmp)
-        tmp.rename(path)
+        torch_save({"input_ids": ids.int(), "loss_mask": mask.bool(), "feats": feats.half().cpu(),
+                    "teacher_ids": t_ids.cpu(), "teacher_probs": t_p.cpu()}, path)
     return out
 
 
@@ -237,12 +235,10 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
         if not rows:
             continue
         ids_b, mask_b = pad_batch([x[0].tolist() for x in rows], [x[1] for x in rows], pad_id=pad)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"input_ids": ids_b.int(), "loss_mask": mask_b.bool(),
+        torch_save({"input_ids": ids_b.int(), "loss_mask": mask_b.bool(),
                     "feats": _stack_rows([x[2] for x in rows], ids_b.shape[1]),
                     "teacher_ids": _stack_rows([x[3] for x in rows], ids_b.shape[1]),
-                    "teacher_probs": _stack_rows([x[4] for x in rows], ids_b.shape[1])}, tmp)
-        tmp.rename(path)
+                    "teacher_probs": _stack_rows([x[4] for x in rows], ids_b.shape[1])}, path)
     return out
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,6 +19,8 @@ from tqdm.auto import tqdm
 
 from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
+from fasteagle.fields import check_types
+from fasteagle.files import check_writable, write_text
 from fasteagle.train.teacher import (
     PROMPT_TAIL,
     Batch,
@@ -86,6 +90,71 @@ class TrainConfig:
     shard_mb: float | None = None  # split model.safetensors into files of at most this size
     eval_initial: bool = True  # also evaluate the untrained drafter, to show what training bought
 
+    def check(self) -> TrainConfig:
+        """Refuse a setting of the wrong type or out of range, from a flag or a --config file alike,
+        before any model loads (a bad value would otherwise fail deep in training, or never stop)."""
+        def plain(v):  # paths given as Path objects (the API) pass as strings
+            return os.fspath(v) if isinstance(v, os.PathLike) else [plain(x) for x in v] if isinstance(v, list) else v
+
+        values = {k: plain(v) for k, v in asdict(self).items()}
+        check_types(TrainConfig, values, "training setting")
+
+        def refuse(name: str, rule: str) -> None:
+            flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+            raise FastEagleError(f"{name} ({flag}) must be {rule}, not {values[name]!r}")
+
+        for name, (low, rule) in _RANGES.items():
+            v = values[name]
+            if v is None and name in _OPTIONAL:
+                continue
+            if (isinstance(v, float) and not math.isfinite(v)) or v < low or (v == low and rule.startswith("above")):
+                refuse(name, rule)
+        if not self.seed < 2**63:
+            refuse("seed", "below 2**63")
+        for name, choices in _CHOICES.items():
+            if values[name] not in choices:
+                refuse(name, " or ".join(choices))
+        if self.reuse_features and self.features != "cache":
+            raise FastEagleError(f"--reuse-features needs --features cache, not {self.features!r}")
+        if self.extra_data and (self.reuse_features or (self.distill and self.features == "cache")):
+            raise FastEagleError("--add-data joins token datasets; with feature shards (--distill --features cache, "
+                                 "--reuse-features) use --add-features instead")
+        return self
+
+
+_FLAGS = {"extra_data": "--add-data", "extra_features": "--add-features"}  # the rest: --name-with-dashes
+_AT_LEAST_1 = ("max_len", "num_layers", "depth", "intermediate", "topk", "batch_tokens", "checkpoint_every",
+               "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit")
+_AT_LEAST_0 = ("skip", "draft_vocab", "loss_vocab", "micro_batch", "warmup", "distill_sample_every",
+               "eval_sequences", "seed", "weight_decay", "lr")  # lr 0: evaluate a drafter as it is
+_ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard_mb")
+_RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") for n in _AT_LEAST_0}
+           | {n: (0, "above 0") for n in _ABOVE_0})
+_OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
+_CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"),
+            "mixed_precision": ("auto", "bf16", "no")}
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A --config file: a JSON object of TrainConfig fields (`out` in it gives way to --out)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FastEagleError(f"--config {path}: {'a folder' if path.is_dir() else 'no such file'}; "
+                             "give a JSON file of training settings")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FastEagleError(f"--config {path} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+                             ) from None
+    if not isinstance(raw, dict):
+        raise FastEagleError(f"--config {path} must hold a JSON object of training settings, "
+                             f"not a {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(TrainConfig.__dataclass_fields__))
+    if unknown:
+        raise FastEagleError(f"--config {path}: unknown setting {unknown[0]!r} (the settings are the fields of "
+                             "TrainConfig in fasteagle/train/trainer.py)")
+    return raw
+
 
 def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     """The whole pipeline; `target` (a loaded `Target`) overrides `cfg.target` (tests pass a tiny one);
@@ -95,9 +164,14 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     from fasteagle.target import load_target
     from fasteagle.train import data as data_mod
 
+    cfg.check()
+    out = check_writable(cfg.out, "--out", directory=True)  # made when the first file is written
+    if cfg.features == "cache" and not cfg.reuse_features:
+        check_writable(cfg.feature_dir or out / "features", "--feature-dir", directory=True)
+    for path in (cfg.data, cfg.holdout_data, *cfg.extra_data):
+        if path and not Path(path).exists():
+            raise FastEagleError(f"no token dataset at {path}; build one first (python -m fasteagle.train.data)")
     torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     # a batch whose replies end early leaves the deepest layers without a loss (`CascadedDrafter.loss`
     # skips them): under several processes DDP must expect parameters without gradients
     accel = Accelerator(mixed_precision=mixed_precision(cfg), cpu=cfg.device == "cpu",
@@ -106,8 +180,12 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     model, tok = target.model, target.tokenizer
     t_start = time.monotonic()
 
+    vocab_size = model.config.vocab_size
+    if cfg.topk > vocab_size:
+        raise FastEagleError(f"topk must be at most the target's vocabulary ({vocab_size} tokens), not {cfg.topk}")
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
-                                    loss_decay=cfg.loss_decay, draft_vocab=cfg.draft_vocab)
+                                    loss_decay=cfg.loss_decay,  # a draft vocab of them all is the whole one: 0
+                                    draft_vocab=cfg.draft_vocab if cfg.draft_vocab < vocab_size else 0)
     drafter_cls = CascadedDrafter
     if cfg.drafter == "eagle3":
         from fasteagle.eagle3 import AutoregressiveDrafter
@@ -119,11 +197,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     fdir = Path(cfg.feature_dir or out / "features")
 
     # 1. data: ShareGPT (or a saved dataset), optionally rewritten by the target itself
-    if cfg.extra_data and (cfg.reuse_features or (cfg.distill and cfg.features == "cache")):
-        raise FastEagleError("--add-data joins token datasets; with feature shards (--distill --features cache, "
-                             "--reuse-features) use --add-features instead")
     if cfg.reuse_features:  # another run's shards: the same data through the same teacher pass
-        if cfg.features != "cache" or not any(fdir.glob("shard-*.pt")):
+        if not any(fdir.glob("shard-*.pt")):
             raise FastEagleError(f"--reuse-features needs --features cache and shards in {fdir}")
         train_data = None
     else:
@@ -132,6 +207,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         else:
             train_data = data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
                                                       english_only=cfg.english_only, skip=cfg.skip)
+        if not train_data["input_ids"] and not cfg.extra_data:
+            raise no_data(cfg)
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
     prompts = [p[-PROMPT_TAIL:] for p in train_data["prompt_ids"]] if train_data else []
     # with the cache, one target pass yields both the replies and their features
@@ -147,6 +224,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     elif cfg.distill and train_data is not None:
         train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget,
                                   sample_every=cfg.distill_sample_every, seed=cfg.seed)
+        if not train_data["input_ids"] and not cfg.extra_data:
+            raise no_data(cfg, distilled=True)
         data_mod.save_token_dataset(train_data, out / "distilled.pt")
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
     if holdout is not None and cfg.distill:  # evaluate on what the target itself says (greedy)
@@ -159,6 +238,13 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             data_mod.save_token_dataset(holdout, holdout_file)
     if cfg.extra_data and train_data is not None and not cfg.distill_only:  # e.g. greedy and sampled replies
         train_data = data_mod.join_token_datasets(train_data, *map(data_mod.load_token_dataset, cfg.extra_data))
+    if train_data is not None and not train_data["input_ids"]:
+        raise no_data(cfg, distilled=cfg.distill)
+    if train_data is not None:
+        train_data = with_replies(train_data, cfg.max_len)
+        if not train_data["input_ids"]:
+            raise FastEagleError(f"no training data left: no record has a reply token the loss can count within "
+                                 f"its first {cfg.max_len} tokens (--max-len)")
     if cfg.features == "cache" and train_data is not None:
         cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
     dirs = [fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
@@ -167,6 +253,9 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         if not shards_by_dir[d]:
             raise FastEagleError(f"no feature shards in {d} (extra_features)")
     shards = [s for d in dirs for s in shards_by_dir[d]]
+    if dirs and not shards:
+        raise FastEagleError(f"no feature shards in {fdir}: the distillation kept no replies (each needs 4 tokens "
+                             "or more); give it more time or tokens (--distill-minutes, --distill-max-new)")
     if cfg.distill_only:
         accel.print(f"distilled data written to {out} ({len(shards)} feature shards)")
         return out
@@ -203,7 +292,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         drafter = drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:
             drafter.init_from_target(model)
-        if cfg.draft_vocab:
+        if dcfg.draft_vocab:
             drafter.set_vocab(counts)
     if drafter.cfg.draft_vocab:
         accel.print(f"draft vocab covers {float(counts[drafter.vocab_ids.cpu()].sum() / max(1, n_tokens)):.1%} "
@@ -260,8 +349,8 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     step, epoch, in_epoch, trained_s = 0, 0, 0, 0.0
     ckpt = out / "checkpoint"
     if (ckpt / "state.json").exists():
-        accel.load_state(str(ckpt))
         state = json.loads((ckpt / "state.json").read_text())
+        accel.load_state(str(ckpt / state.get("dir", ".")))  # no "dir": a checkpoint saved in place before
         step, epoch, in_epoch = state["step"], state.get("epoch", 0), state.get("in_epoch", 0)
         trained_s = state.get("train_seconds", 0.0)
         accel.print(f"resumed at step {step} (epoch {epoch}, batch {in_epoch}, {trained_s / 60:.1f} min trained)")
@@ -272,7 +361,11 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     history = []
     bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accel.is_main_process)
     t_train = time.monotonic() - trained_s  # a resumed run's schedule and time budget go on, not restart
-    done = step >= total_steps
+
+    def out_of_time() -> bool:
+        return bool(cfg.minutes) and time.monotonic() - t_train > cfg.minutes * 60
+
+    done = step >= total_steps or out_of_time()
     while not done:
         for batch in batches(epoch, in_epoch):
             in_epoch += 1
@@ -291,17 +384,17 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                 history.append({"step": step, "loss": float(loss.detach())} | stats)
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
             if step % cfg.checkpoint_every == 0:
-                accel.save_state(str(ckpt))
-                if accel.is_main_process:
-                    (ckpt / "state.json").write_text(json.dumps({
-                        "step": step, "epoch": epoch, "in_epoch": in_epoch,
-                        "train_seconds": round(time.monotonic() - t_train, 3)}))
-            out_of_time = cfg.minutes and time.monotonic() - t_train > cfg.minutes * 60
-            if step >= total_steps or out_of_time:
+                save_checkpoint(accel, ckpt, {"step": step, "epoch": epoch, "in_epoch": in_epoch,
+                                              "train_seconds": round(time.monotonic() - t_train, 3)})
+            if step >= total_steps or out_of_time():
                 done = True
                 break
-        else:
+        else:  # the epoch ran out (a resumed run's may have been done already: in_epoch > 0)
+            if in_epoch == 0:
+                raise FastEagleError(f"an epoch gave this process no batch to train on ({n_batches} batches for "
+                                     f"{accel.num_processes} processes); give it more data")
             epoch, in_epoch = epoch + 1, 0
+            done = out_of_time()
     bar.close()
     train_minutes = (time.monotonic() - t_train) / 60
 
@@ -321,10 +414,40 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         info["training"] |= {"command": command, "steps_all": before["steps_all"] + step,
                              "train_minutes_all": round(before["train_minutes_all"] + train_minutes, 2)}
         raw.save(out, extra=info, shard_mb=cfg.shard_mb)
-        (out / "README.md").write_text(model_card(raw, info))
-        (out / "history.json").write_text(json.dumps(history))
-        (out / "eval.json").write_text(json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
+        write_text(out / "README.md", model_card(raw, info))
+        write_text(out / "history.json", json.dumps(history))
+        write_text(out / "eval.json", json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
     return out
+
+
+def no_data(cfg: TrainConfig, distilled: bool = False) -> FastEagleError:
+    """The error for a run left with no record to train on (an empty epoch would loop forever)."""
+    where = cfg.data or "ShareGPT's train split"
+    after = f" after the first {cfg.skip} (--skip)" if cfg.skip else ""
+    if distilled:
+        return FastEagleError("no training data left: the self-distillation kept no replies (each needs 4 tokens "
+                              "or more); give it more time or tokens (--distill-minutes, --distill-max-new)")
+    return FastEagleError(f"no training data left: {where} has no records{after}" + ("; lower --skip" if after else ""))
+
+
+def with_replies(data: dict, max_len: int) -> dict:
+    """The records with a reply token the loss counts within their first `max_len` tokens (from
+    position 2 on: depth 1 predicts the token two ahead of its feature); the others teach nothing."""
+    keep = [i for i, m in enumerate(data["loss_mask"]) if any(m[2:max_len])]
+    return data if len(keep) == len(data["loss_mask"]) else {k: [v[i] for i in keep] for k, v in data.items()}
+
+
+def save_checkpoint(accel, ckpt: Path, state: dict) -> None:
+    """Save the run's state into a folder of its own, then point `ckpt/state.json` at it in one rename,
+    then remove the older folders: a run killed while saving resumes from the checkpoint before."""
+    name = f"step-{state['step']:08d}"
+    accel.save_state(str(ckpt / name))
+    accel.wait_for_everyone()
+    if accel.is_main_process:
+        write_text(ckpt / "state.json", json.dumps(state | {"dir": name}))
+        for old in ckpt.glob("step-*"):
+            if old.name != name and old.is_dir():
+                shutil.rmtree(old)
 
 
 def mixed_precision(cfg: TrainConfig) -> str:
@@ -387,7 +510,7 @@ def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> fl
     progress = step / total_steps
     if cfg.minutes:
         progress = max(progress, elapsed_s / (cfg.minutes * 60))
-    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup)) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 @torch.no_grad()

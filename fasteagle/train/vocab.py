@@ -8,15 +8,14 @@ the coverage and the data. The README's "The draft vocabulary" says how the ship
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from fasteagle.drafter import CascadedDrafter
-from fasteagle.errors import FastEagleError
+from fasteagle.errors import Parser, run_command
+from fasteagle.files import check_writable
 from fasteagle.train import data
 
 
@@ -31,7 +30,7 @@ def coverage(ids: torch.Tensor | None, counts: torch.Tensor) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fasteagle.train.vocab", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m fasteagle.train.vocab", description=__doc__.splitlines()[0])
     p.add_argument("drafter", help="drafter directory (rewritten in place unless --out)")
     p.add_argument("--size", type=int, required=True, help="tokens in the compact vocab")
     p.add_argument("--data", nargs="+", required=True, help="saved token datasets (e.g. distilled replies)")
@@ -39,24 +38,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.size < 1:
         p.error("--size must be at least 1")
-    try:  # a missing drafter or dataset, or a size over the draft vocab: one line, not a traceback
-        d = CascadedDrafter.load(args.drafter)
-        counts = reply_counts(args.data, d.cfg.vocab_size)
-        before = coverage(d.compact_vocab, counts)
-        d.set_compact_vocab(args.size, counts)
-    except FastEagleError as e:
-        print(f"fasteagle: {e}", file=sys.stderr)
-        return 1
+    return run_command(lambda: _set_vocab(args))
+
+
+def _set_vocab(args) -> int:
+    out = check_writable(args.out or args.drafter, "--out" if args.out else "the drafter", directory=True)
+    d = CascadedDrafter.load(args.drafter)
+    counts = reply_counts(args.data, d.cfg.vocab_size)
+    before = coverage(d.compact_vocab, counts)
+    d.set_compact_vocab(args.size, counts)
     after = coverage(d.compact_vocab, counts)
     names = set(type(d.cfg).__dataclass_fields__)
     extra = {k: v for k, v in d.info.items() if k not in names}
     extra["compact_vocab"] = {"size": args.size, "reply_coverage": round(after, 4),
                               "data": [Path(x).name for x in args.data], "reply_tokens": int(counts.sum())}
-    d.save(args.out or args.drafter, extra=extra)
+    d.save(out, extra=extra)
     print(f"compact vocab: {args.size} tokens covering {after:.1%} of {int(counts.sum())} reply tokens "
-          f"(was {before:.1%}); wrote {args.out or args.drafter}")
+          f"(was {before:.1%}); wrote {out}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

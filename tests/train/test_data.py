@@ -305,7 +305,7 @@ def test_exclude_distilled_leaves_out_exactly_the_prompts_a_run_visited(tmp_path
                    "--exclude-distilled", "1:4:3", "--exclude-distilled", "2:8:1"]) == 0
     assert D.load_token_dataset(tmp_path / "rest.pt") == rest
     assert D.main(["--prompts-out", str(tmp_path / "x.pt"), "--from", str(tmp_path / "prompts.pt"),
-                   "--exclude-distilled", "a:b:c"]) == 1
+                   "--exclude-distilled", "a:b:c"]) == 2
 
 
 # --------------------------------------------------------------------------------------------

@@ -139,9 +139,41 @@ def test_a_resumed_timed_run_keeps_its_clock(tiny, tmp_path):
     train(TrainConfig(max_steps=2, **kw), target=tiny)
     state_file = tmp_path / "d" / "checkpoint" / "state.json"
     state_file.write_text(json.dumps(json.loads(state_file.read_text()) | {"train_seconds": 60.0}))
-    out = train(TrainConfig(max_steps=50, **kw), target=tiny)  # its minute is spent: one step, then it stops
+    out = train(TrainConfig(max_steps=50, **kw), target=tiny)  # its minute is spent: no step more
     info = CascadedDrafter.load(out, tiny.model).info["training"]
-    assert info["steps"] == 3 and info["train_minutes"] >= 1.0
+    assert info["steps"] == 2 and info["train_minutes"] >= 1.0
+
+
+def test_a_run_killed_while_checkpointing_resumes_from_the_checkpoint_before(tiny, tmp_path, monkeypatch):
+    """A kill while a checkpoint is written leaves the one before it whole: the next run resumes from
+    there (before, the new state overwrote the old in place, and a cut file broke the resume)."""
+    from pathlib import Path
+
+    from accelerate import Accelerator
+
+    save_token_dataset(self_written(tiny, 8, seed=3, new=20), tmp_path / "train.pt")
+    kw = dict(out=str(tmp_path / "d"), data=str(tmp_path / "train.pt"), num_layers=2, intermediate=64, topk=4,
+              batch_tokens=200, warmup=1, checkpoint_every=2, device="cpu", max_steps=6)
+    real, saves = Accelerator.save_state, []
+
+    def killed_in_the_second(self, output_dir=None, **kwargs):
+        saves.append(output_dir)
+        real(self, output_dir, **kwargs)
+        if len(saves) == 2:
+            for f in Path(output_dir).iterdir():
+                f.write_bytes(b"cut")
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Accelerator, "save_state", killed_in_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(**kw), target=tiny)
+    ckpt = tmp_path / "d" / "checkpoint"
+    assert json.loads((ckpt / "state.json").read_text())["step"] == 2
+    monkeypatch.setattr(Accelerator, "save_state", real)
+    out = train(TrainConfig(**kw), target=tiny)
+    assert CascadedDrafter.load(out, tiny.model).info["training"]["steps"] == 6
+    assert json.loads((ckpt / "state.json").read_text())["step"] == 6
+    assert sorted(p.name for p in ckpt.iterdir()) == ["state.json", "step-00000006"]
 
 
 def test_each_process_takes_its_share_of_the_batches():

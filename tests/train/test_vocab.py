@@ -64,8 +64,8 @@ def test_command_rewrites_only_the_compact_vocab(tiny, tmp_path, capsys):
 
 
 def test_command_errors_are_one_line(tiny, tmp_path, capsys):
-    """A missing drafter, a size over the draft vocab, or another tokenizer's data: exit 1 and a
-    `fasteagle:` line, not a traceback."""
+    """A missing drafter, a size over the draft vocab, or another tokenizer's data: exit 2 and an
+    `error:` line, not a traceback."""
     make(tiny).save(tmp_path / "d")
     ok = {"ids": ["a"], "prompt_ids": [[1]], "input_ids": [[1, 9]], "loss_mask": [[0, 1]]}
     save_token_dataset(ok, tmp_path / "r.pt")
@@ -73,7 +73,59 @@ def test_command_errors_are_one_line(tiny, tmp_path, capsys):
     for argv in ([str(tmp_path / "missing"), "--size", "4", "--data", str(tmp_path / "r.pt")],
                  [str(tmp_path / "d"), "--size", str(TINY_VOCAB + 1), "--data", str(tmp_path / "r.pt")],
                  [str(tmp_path / "d"), "--size", "4", "--data", str(tmp_path / "other.pt")]):
-        assert vocab.main(argv) == 1
-        assert capsys.readouterr().err.startswith("fasteagle: ")
+        assert vocab.main(argv) == 2
+        assert capsys.readouterr().err.startswith("error: ")
     with pytest.raises(SystemExit):
         vocab.main([str(tmp_path / "d"), "--size", "0", "--data", str(tmp_path / "r.pt")])
+
+
+@pytest.mark.parametrize("cut", ["while writing", "while renaming", "after the weights"])
+def test_an_interrupted_rewrite_keeps_the_drafter_loadable(tiny, tmp_path, monkeypatch, cut):
+    """A Ctrl-C while the command rewrites a drafter in place leaves it loadable (old weights, or
+    new weights under the old config) and no temporary files; before, the weights were unlinked first."""
+    import os
+
+    import safetensors.torch
+
+    from fasteagle import drafter as drafter_mod
+
+    d = make(tiny)
+    d.compact_vocab = torch.tensor([1, 2])
+    d.save(tmp_path / "d")
+    ok = {"ids": ["a"], "prompt_ids": [[1]], "input_ids": [[1, 9, 8, 7]], "loss_mask": [[0, 1, 1, 1]]}
+    save_token_dataset(ok, tmp_path / "r.pt")
+    before = CascadedDrafter.load(tmp_path / "d").state_dict()
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if cut == "while writing":  # half the file is on disk when the interrupt comes
+        real = safetensors.torch.save_file
+
+        def half(tensors, filename, *args, **kwargs):
+            real(tensors, filename, *args, **kwargs)
+            with open(filename, "r+b") as f:
+                f.truncate(os.path.getsize(filename) // 2)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(safetensors.torch, "save_file", half)
+    elif cut == "while renaming":
+        monkeypatch.setattr(os, "replace", interrupt)
+    else:
+        monkeypatch.setattr(drafter_mod, "write_text", interrupt)
+    assert vocab.main([str(tmp_path / "d"), "--size", "4", "--data", str(tmp_path / "r.pt")]) == 130
+    monkeypatch.undo()
+    e = CascadedDrafter.load(tmp_path / "d")
+    assert all(torch.equal(a, b) for a, b in zip(e.state_dict().values(), before.values()))
+    assert e.compact_vocab.tolist() == ([1, 2] if cut != "after the weights" else [1, 2, 7, 8])
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_resave_with_other_shards_leaves_only_the_new_files(tiny, tmp_path):
+    d = make(tiny)
+    d.save(tmp_path, shard_mb=0.05)
+    d.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    d.save(tmp_path, shard_mb=0.05)
+    assert "model.safetensors" not in {p.name for p in tmp_path.iterdir()}
+    torch.testing.assert_close(CascadedDrafter.load(tmp_path).fc.weight, d.fc.weight.half().float())
