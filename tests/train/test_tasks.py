@@ -1,0 +1,91 @@
+"""fasteagle.train.tasks: prompts of five kinds beyond chat, built from holdout conversations for
+evaluation and from train ones for training, never sharing text."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fasteagle.train import tasks
+from fasteagle.train.data import is_holdout
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PARAGRAPH = ("The committee reviewed the proposal in detail and agreed that the new library should open on "
+             "weekdays from nine in the morning until eight in the evening, with shorter hours on weekends. "
+             "Volunteers will run the reading room, and the city will pay for heating and light.")
+DOC = ("Storage rooms keep fruit fresh by lowering oxygen and raising carbon dioxide, which slows the "
+       "fruit's respiration. " * 20).strip()
+
+
+def ids(holdout: bool, n: int) -> list[str]:
+    """Conversation ids that fall on the asked side of the split."""
+    out, i = [], 0
+    while len(out) < n:
+        if is_holdout(f"conv{i}") == holdout:
+            out.append(f"conv{i}")
+        i += 1
+    return out
+
+
+def chat(cid: str, *turns: str) -> dict:
+    return {"id": cid, "conversations": [{"from": "human" if i % 2 == 0 else "gpt", "value": t}
+                                         for i, t in enumerate(turns)]}
+
+
+@pytest.fixture
+def sharegpt(tmp_path) -> Path:
+    (h1, h2, h3), (t1,) = ids(True, 3), ids(False, 1)
+    records = [
+        chat(h1, "What is the best way to keep apples fresh in winter?", DOC,
+             "How does the respiration change during storage?", "It slows down."),
+        chat(h2, "Tell me about the library plan.", PARAGRAPH + "\n\nThat is all."),
+        chat(h3, "Why do leaves change colour in the autumn months?", "Chlorophyll breaks down."),
+        chat(t1, "Why do leaves change colour in the autumn months?", "Chlorophyll breaks down."),  # a twin
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_holdout_prompts_are_built_from_holdout_text_only(sharegpt):
+    found = tasks.conversation_prompts("holdout", sharegpt)
+    assert [p["turns"][0] for p in found["qa"]] == ["What is the best way to keep apples fresh in winter?"]
+    assert len(found["translation"]) == 1 and PARAGRAPH in found["translation"][0]["turns"][0]
+    assert found["translation"][0]["turns"][0].startswith("Translate the following text into ")
+    assert [p["id"] for p in found["summarization"]] == [f"summarization-{ids(True, 1)[0]}"]
+    (rag,) = found["rag"]
+    assert DOC in rag["turns"][0] and rag["turns"][0].endswith("Question: How does the respiration change during "
+                                                                "storage?")
+    assert all(set(p) == {"id", "category", "turns"} for c in found.values() for p in c)
+
+
+def test_a_holdout_chat_that_a_train_chat_repeats_is_left_out(sharegpt):
+    """h3's question also opens a train chat: evaluating on it would measure what training saw."""
+    questions = [p["turns"][0] for p in tasks.conversation_prompts("holdout", sharegpt)["qa"]]
+    assert "Why do leaves change colour in the autumn months?" not in questions
+    assert [p["turns"][0] for p in tasks.conversation_prompts("train", sharegpt)["qa"]] == [
+        "Why do leaves change colour in the autumn months?"]
+
+
+def test_math_problems_are_deterministic_and_differ_between_evaluation_and_training():
+    a, b = tasks.math_prompts(16, tasks.EVAL_SEED), tasks.math_prompts(16, tasks.EVAL_SEED)
+    assert a == b and len({p["turns"][0] for p in a}) == 16
+    train = {p["turns"][0] for p in tasks.math_prompts(16, tasks.TRAIN_SEED)}
+    assert not train & {p["turns"][0] for p in a}
+    assert all("{" not in p["turns"][0] for p in a)
+
+
+def test_the_bundled_evaluation_set_has_twenty_of_each_kind():
+    rows = [json.loads(line) for line in (ROOT / "assets/prompts/tasks_holdout.jsonl").read_text().splitlines()]
+    counts = Counter(r["category"] for r in rows)
+    assert set(counts) == {"chat", *tasks.CATEGORIES} and min(counts.values()) >= 20
+    assert len({r["id"] for r in rows}) == len(rows)
+
+
+@pytest.mark.integration
+def test_the_bundled_evaluation_set_regenerates_byte_for_byte(tmp_path):
+    out = tasks.write_eval_file(tmp_path / "tasks.jsonl")
+    assert out.read_bytes() == (ROOT / "assets/prompts/tasks_holdout.jsonl").read_bytes()
