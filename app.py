@@ -34,7 +34,7 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 import viz  # noqa: E402
-from fasteagle import files  # noqa: E402
+from fasteagle import files, trace  # noqa: E402
 from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, default_budget, make_drafter  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
@@ -530,8 +530,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
             meta, sides = run.get("meta", {}), run["sides"]
             spec, van = sides["speculative"], sides.get("vanilla")
             mlabel = meta.get("method", "speculative")
-            s_sum = spec.get("summary") or viz.summarize(spec["traces"])
-            v_sum = (van.get("summary") or viz.summarize(van["traces"])) if van else None
+            s_sum = spec.get("summary") or trace.run_summary(spec["traces"])
+            v_sum = (van.get("summary") or trace.run_summary(van["traces"])) if van else None
             traces = spec["traces"]
             n = len(traces)
             height = _run_tree_height(run)
@@ -608,7 +608,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
                 for side, rec in record.items():
                     sides[side] = {"traces": rec["traces"], "elapsed": rec["elapsed"],
                                    "spans": spans_to_json(builders[side].spans),
-                                   "summary": viz.summarize(rec["traces"], rec["elapsed"][-1] if rec["elapsed"] else 0)}
+                                   "summary": trace.run_summary(rec["traces"],
+                                                                rec["elapsed"][-1] if rec["elapsed"] else 0)}
                 ids_seen = {t for rec in record.values() for tr in rec["traces"]
                             for t in tr["tokens"] + ((tr.get("tree") or {}).get("tokens") or [])}
                 meta = {"prompt": req.prompt, "method": mlabel, "method_key": req.method.key,

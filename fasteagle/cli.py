@@ -251,56 +251,94 @@ def _check_out(out: str, charts: bool) -> None:
 
 
 def cmd_bench(args) -> int:
-    from fasteagle import bench, files
-    from fasteagle.target import load_target
-    from fasteagle.verify import SamplingParams
+    """`bench`: the first mode flag given, in BENCH_MODES order, picks what it does; comparing methods on
+    prompt sets is the default. Every list, file and output is checked before the model loads."""
+    mode = next((m for m in BENCH_MODES if getattr(args, m, None)), "compare")
+    return BENCH_MODES[mode](args)
 
-    if args.update_readme:
-        bench.update_readme(_names(args.update_readme), args.readme)
-        print(f"updated {args.readme} from {args.update_readme}")
-        return 0
+
+def _bench_update_readme(args) -> int:
+    from fasteagle import bench
+
+    bench.update_readme(_names(args.update_readme), args.readme)
+    print(f"updated {args.readme} from {args.update_readme}")
+    return 0
+
+
+def _bench_redraw(args) -> int:
+    from fasteagle import bench
+
+    for f in _names(args.redraw):
+        bench.redraw(f)
+        print(f"redrew {Path(f).with_suffix('.md')} (+ .html charts for a method comparison)")
+    return 0
+
+
+def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[int], list[int] | None]:
+    """The lists every measurement parses and its --out, checked before the model loads so that none
+    fails after the timing: (--verify-cost sizes, --depths, --budget-curve budgets)."""
+    from fasteagle import bench
+
     if args.tree_budget is None:  # measurements keep the paper's size unless told (--tree auto tunes it)
         args.tree_budget = PAPER_BUDGET
-    if args.redraw:
-        for f in _names(args.redraw):
-            bench.redraw(f)
-            print(f"redrew {Path(f).with_suffix('.md')} (+ .html charts for a method comparison)")
-        return 0
-    # every list, file and output is checked before the model loads, so none fails after the timing
     sizes = int_list(args.verify_cost, "--verify-cost") if args.verify_cost else None
     depths = int_list(args.depths, "--depths")
     budgets = int_list(args.budget_curve, "--budget-curve", minimum=2) if args.budget_curve else None
     if args.draft_step and args.draft_step not in bench.SHAPES:
         raise FastEagleError(f"unknown --draft-step shape {args.draft_step!r}; choose one of {', '.join(bench.SHAPES)}")
-    compares = not (sizes or args.draft_step or args.profile_step or budgets)
     if args.out:
-        _check_out(args.out, charts=compares)
-    if args.draft_step:
-        return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
-                                             pack=args.pack, int8=args.draft_int8), args.out)
-    if not sizes:
-        if not args.prompts:
-            raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
-        names = _names(args.methods)
-        known = (*bench.HF_METHODS, *METHODS)
-        unknown = [m for m in names if m not in known]
-        if unknown:
-            raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
-        if "vanilla" not in names:
-            names.insert(0, "vanilla")
-        prompt_files = _names(args.prompts)
-        if not prompt_files:
-            raise FastEagleError("--prompts names no file")
-        prompts = [p for f in prompt_files for p in bench.load_prompts(f, args.limit)]
+        _check_out(args.out, charts=charts)
+    return sizes, depths, budgets
+
+
+def _bench_draft_step(args) -> int:
+    from fasteagle import bench
+
+    _, depths, _ = _bench_checks(args)
+    return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
+                                         pack=args.pack, int8=args.draft_int8), args.out)
+
+
+def _bench_verify_cost(args) -> int:
+    from fasteagle import bench
+    from fasteagle.target import load_target
+
+    sizes, _, _ = _bench_checks(args)
     target = load_target(args.target, args.device, args.dtype, pack=args.pack)
-    if sizes:
-        timed = target
-        if args.compare_packing:
-            if not target.packed:
-                raise FastEagleError("--compare-packing needs a target whose linears can be prepacked (fp32 on CPU)")
-            timed = {"prepacked": target, "stock": load_target(args.target, args.device, args.dtype, pack=False)}
-        return _report(bench.verify_cost(timed, sizes) | {"device": bench.device_name(target.device),
-                                                          "packed_linears": target.packed}, args.out)
+    timed = target
+    if args.compare_packing:
+        if not target.packed:
+            raise FastEagleError("--compare-packing needs a target whose linears can be prepacked (fp32 on CPU)")
+        timed = {"prepacked": target, "stock": load_target(args.target, args.device, args.dtype, pack=False)}
+    return _report(bench.verify_cost(timed, sizes) | {"device": bench.device_name(target.device),
+                                                      "packed_linears": target.packed}, args.out)
+
+
+def _bench_prompts(args) -> tuple[list[str], list[str], list[dict]]:
+    """The methods to measure (vanilla always among them), the prompt files and their prompts."""
+    from fasteagle import bench
+
+    if not args.prompts:
+        raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
+    names = _names(args.methods)
+    known = (*bench.HF_METHODS, *METHODS)
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
+    if "vanilla" not in names:
+        names.insert(0, "vanilla")
+    prompt_files = _names(args.prompts)
+    if not prompt_files:
+        raise FastEagleError("--prompts names no file")
+    return names, prompt_files, [p for f in prompt_files for p in bench.load_prompts(f, args.limit)]
+
+
+def _bench_setup(args, names: list[str], prompts: list[dict], prompt_files: list[str]) -> tuple:
+    """The target, the methods' drafters (name -> drafter, None for vanilla and hf-*) and the run's settings."""
+    from fasteagle import bench
+    from fasteagle.target import load_target
+
+    target = load_target(args.target, args.device, args.dtype, pack=args.pack)
     methods = {m: None if m in bench.HF_METHODS else make_drafter(m, target, args) for m in names}
     settings = {"prompts": prompt_files, "prompts_desc": f"{len(prompts)} prompts,",
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
@@ -311,33 +349,57 @@ def cmd_bench(args) -> int:
                 "packed_linears": target.packed,
                 "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
                 "drafters": _drafter_summaries(methods)}
-    if args.profile_step:
-        import time
+    return target, methods, settings
 
-        import torch
 
-        from fasteagle.generate import chat_prompt_ids
-        from fasteagle.profile import profile_steps
+def _bench_profile(args) -> int:
+    import time
 
-        if any(m in bench.HF_METHODS for m in methods):
-            raise FastEagleError("--profile-step times this project's decoding loop: drop the hf-* methods")
-        ids = [chat_prompt_ids(target, p["text"]) for p in prompts]
-        sampling = SamplingParams(args.temperature, args.top_p)
-        doc = {"profile": True, "device": bench.device_name(target.device), "target": target.name,
-               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "settings": settings,
-               "methods": profile_steps(target, methods, ids, args.max_new_tokens, sampling)}
-        return _report(doc, args.out)
-    if budgets:
-        drafted = [m for m, d in methods.items() if hasattr(d, "tree_budget")]
-        if len(drafted) != 1:
-            raise FastEagleError("--budget-curve replays one trained drafter: give --methods one of fasteagle, "
-                                 "eagle3, ... (vanilla aside)")
-        d = methods[drafted[0]]
-        doc = bench.budget_curve(target, d, prompts, budgets, args.max_new_tokens, args.seed) | {
-            "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
-            "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "full_vocab": settings["full_vocab"],
-            "prompts_desc": settings["prompts_desc"], "prompts": prompt_files}
-        return _report(doc, args.out)
+    import torch
+
+    from fasteagle import bench
+    from fasteagle.generate import chat_prompt_ids
+    from fasteagle.profile import profile_steps
+    from fasteagle.verify import SamplingParams
+
+    _bench_checks(args)
+    names, prompt_files, prompts = _bench_prompts(args)
+    target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
+    if any(m in bench.HF_METHODS for m in methods):
+        raise FastEagleError("--profile-step times this project's decoding loop: drop the hf-* methods")
+    ids = [chat_prompt_ids(target, p["text"]) for p in prompts]
+    sampling = SamplingParams(args.temperature, args.top_p)
+    doc = {"profile": True, "device": bench.device_name(target.device), "target": target.name,
+           "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "settings": settings,
+           "methods": profile_steps(target, methods, ids, args.max_new_tokens, sampling)}
+    return _report(doc, args.out)
+
+
+def _bench_budget_curve(args) -> int:
+    from fasteagle import bench
+
+    _, _, budgets = _bench_checks(args)
+    names, prompt_files, prompts = _bench_prompts(args)
+    target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
+    drafted = [m for m, d in methods.items() if hasattr(d, "tree_budget")]
+    if len(drafted) != 1:
+        raise FastEagleError("--budget-curve replays one trained drafter: give --methods one of fasteagle, "
+                             "eagle3, ... (vanilla aside)")
+    d = methods[drafted[0]]
+    doc = bench.budget_curve(target, d, prompts, budgets, args.max_new_tokens, args.seed) | {
+        "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
+        "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "full_vocab": settings["full_vocab"],
+        "prompts_desc": settings["prompts_desc"], "prompts": prompt_files}
+    return _report(doc, args.out)
+
+
+def _bench_compare(args) -> int:
+    from fasteagle import bench, files
+    from fasteagle.verify import SamplingParams
+
+    _bench_checks(args, charts=True)
+    names, prompt_files, prompts = _bench_prompts(args)
+    target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
     done = kept = 0  # prompts measured, and those of them whose result is on disk
 
     def keep_so_far(rows: dict) -> None:  # a run killed by a time limit leaves what it measured
@@ -350,26 +412,50 @@ def cmd_bench(args) -> int:
             kept = done
 
     try:
-        if args.tree == "auto":  # each trained drafter gets the budget that suits it on this device
-            settings["tree_budget"], settings["tree_auto"] = {}, {}
-            tune = bench.tuning_prompts(prompt_files, args.limit)
-            settings["tree_auto_prompts"] = [p["id"] for p in tune]
-            for m, d in methods.items():
-                if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
-                    choice = bench.auto_tree(target, d, tune)
-                    settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
+        if args.tree == "auto":
+            _tune_trees(target, methods, settings, prompt_files, args.limit)
         rows = bench.compare(target, methods, prompts, args.max_new_tokens,
                              SamplingParams(args.temperature, args.top_p), args.seed, on_prompt=keep_so_far)
     except KeyboardInterrupt:
-        if kept:
-            print(f"interrupted: kept {kept} of {len(prompts)} prompts in {args.out}", file=sys.stderr)
-        elif args.out:
-            print(f"interrupted: nothing kept (no prompt had finished); {args.out} not written", file=sys.stderr)
-        else:
-            print(f"interrupted: nothing kept (no --out given) after {done} of {len(prompts)} prompts",
-                  file=sys.stderr)
+        _say_what_was_kept(args.out, kept, done, len(prompts))
         return 130
     return _report(bench.result_document(target, rows, settings), args.out, charts=True)
+
+
+def _tune_trees(target, methods: dict, settings: dict, prompt_files: list[str], limit: int | None) -> None:
+    """--tree auto: each trained drafter gets the budget that suits it on this device, tuned on prompts
+    outside the measured ones; the choices and what they were made from go into `settings`."""
+    from fasteagle import bench
+
+    settings["tree_budget"], settings["tree_auto"] = {}, {}
+    tune = bench.tuning_prompts(prompt_files, limit)
+    settings["tree_auto_prompts"] = [p["id"] for p in tune]
+    for m, d in methods.items():
+        if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
+            choice = bench.auto_tree(target, d, tune)
+            settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
+
+
+def _say_what_was_kept(out: str | None, kept: int, done: int, total: int) -> None:
+    """One line after Ctrl-C: how many prompts' results a stopped comparison kept, and where."""
+    if kept:
+        print(f"interrupted: kept {kept} of {total} prompts in {out}", file=sys.stderr)
+    elif out:
+        print(f"interrupted: nothing kept (no prompt had finished); {out} not written", file=sys.stderr)
+    else:
+        print(f"interrupted: nothing kept (no --out given) after {done} of {total} prompts", file=sys.stderr)
+
+
+# `bench`'s modes, one function each: the first whose flag is given runs (`compare` when none is).
+BENCH_MODES = {
+    "update_readme": _bench_update_readme,
+    "redraw": _bench_redraw,
+    "draft_step": _bench_draft_step,
+    "verify_cost": _bench_verify_cost,
+    "profile_step": _bench_profile,
+    "budget_curve": _bench_budget_curve,
+    "compare": _bench_compare,
+}
 
 
 def _charts_beside(doc: dict, out: Path) -> str:

@@ -1,7 +1,8 @@
 """One decoding loop for every method: draft a tree, verify it in one target forward, keep the
 accepted path, repeat. Plain decoding is the same loop with no drafter (a one-node tree).
 
-The loop yields a `StepTrace` per step; the CLI, the benchmark and the app all consume these.
+The loop yields a `StepTrace` per step (`fasteagle.trace`: the fields and every metric on them);
+the CLI, the benchmark and the app all consume these.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import torch
@@ -18,6 +18,7 @@ import torch
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import ContextOverflowError, KVCache
 from fasteagle.target import Target
+from fasteagle.trace import StepTrace
 from fasteagle.tree import DraftTree, make_tree, path_tree, root_only, select
 from fasteagle.verify import SamplingParams, Verdict, tree_forward, verify
 
@@ -40,42 +41,6 @@ class Drafter(Protocol):
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None: ...
 
     def draft(self, root: int) -> DraftTree: ...
-
-
-@dataclass
-class StepTrace:
-    """Everything one step did, as plain data (JSON-ready through `to_dict`)."""
-
-    step: int
-    tokens: list[int]  # tokens emitted this step, in order
-    token_depths: list[int]  # 0 = the target's own (bonus) token, d = accepted draft token at depth d
-    text: str  # decoded text delta of this step
-    draft_ms: float
-    verify_ms: float
-    tree: dict | None = None  # DraftTree.to_dict() of the verified tree (None for prefill)
-    status: list[int] = field(default_factory=list)  # per tree node: 0 never reached, 1 accepted, 2 rejected
-    target_probs: list[float] = field(default_factory=list)  # per tree node
-    path: list[int] = field(default_factory=list)  # accepted node indices, root first
-    generated: int = 0  # tokens generated so far, this step included
-    forwards: int = 0  # target forwards so far (prefill excluded)
-    finished: str | None = None  # "eos" or "length" on the last step
-    bonus: int = -1  # the target's own token this step: the next tree's root
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens per target forward so far (the bonus token included; vanilla = 1)."""
-        return (self.generated - 1) / self.forwards if self.forwards else 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self) | {"tau": self.tau}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> StepTrace:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    def draft_tree(self) -> DraftTree | None:
-        return DraftTree.from_dict(self.tree) if self.tree else None
 
 
 def chat_prompt_ids(target: Target, prompt: str, system: str | None = None) -> torch.Tensor:

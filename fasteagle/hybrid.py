@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from fasteagle.lookup import LookupDrafter
+from fasteagle.trace import LOOKUP_SOURCE  # the `sources` value of nodes only lookup proposed
 from fasteagle.tree import DraftTree, merge
 
-LOOKUP_SOURCE = -1  # the `sources` value of nodes only lookup proposed
 _OWN = ("drafter", "lookup", "feature_layers", "last_lookup")  # attributes of the wrapper itself
 
 

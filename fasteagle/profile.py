@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import generate, synchronize
+from fasteagle.trace import tau
 
 PHASES = ("target", "draft", "extend", "rest")
 _NO_KERNEL = {"detach", "detach_", "resolve_conj", "resolve_neg", "lift_fresh", "alias"}
@@ -135,7 +136,7 @@ def profile_steps(target, methods: dict, ids_list: list[torch.Tensor], max_new: 
         _, ops, _, _ = _run(target, ids_list, drafter, max_new, sampling, count=True)
         phases = {p: {"ms": round(ms[p] / steps, 3), "ops": round(ops[p] / steps, 1)}
                   for p in PHASES if drafter is not None or p in ("target", "rest")}
-        out[name] = {"steps": steps, "tau": round(tokens / steps, 3),
+        out[name] = {"steps": steps, "tau": round(tau(tokens, steps), 3),
                      "step_ms": round(sum(ms.values()) / steps, 3),
                      "step_ops": round(sum(ops.values()) / steps, 1), "phases": phases}
     return out

@@ -16,9 +16,8 @@ import torch
 
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import KVCache, attention_mask
+from fasteagle.trace import ACCEPTED, NEVER_REACHED, REJECTED
 from fasteagle.tree import DraftTree
-
-NEVER_REACHED, ACCEPTED, REJECTED = 0, 1, 2
 
 
 @dataclass

@@ -102,7 +102,7 @@ def test_ctrl_c_says_what_the_bench_kept(tiny_dir, inputs, tmp_path, capsys, mon
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(bench, "time_one", interrupt_on_the_second_prompt)
+    monkeypatch.setattr(bench.timing, "time_one", interrupt_on_the_second_prompt)
     out = tmp_path / "r.json"
     argv = ["bench", "--prompts", str(inputs / "prompts.jsonl"), "--methods", "vanilla,lookup", "--target",
             str(tiny_dir), "--device", "cpu", "--max-new-tokens", "4"]

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from fasteagle import bench, packing
+from fasteagle import bench, packing, trace
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, generate
@@ -60,22 +60,7 @@ def test_a_bad_limit_or_missing_file_is_refused(tmp_path):
         bench.load_prompts(tmp_path / "nope.jsonl")
 
 
-class _Step:
-    def __init__(self, parents: list[int], path: list[int]):
-        depths = [0] * len(parents)
-        for i, p in enumerate(parents):
-            depths[i] = depths[p] + 1 if p >= 0 else 0
-        self.tree, self.path = {"parents": parents, "depths": depths}, path
-
-
-def test_depth_acceptance_counts_a_depth_only_where_the_verifier_judged_it():
-    steps = [
-        _Step([-1, 0, 1], [0, 1, 2]),  # a chain, all accepted: depths 1 and 2 judged and accepted, nothing below
-        _Step([-1, 0, 0, 2], [0, 1]),  # depth 1 accepted at a leaf: depth 2 exists (under 2) but was not judged
-        _Step([-1, 0, 1, 2], [0]),  # depth 1 rejected: nothing deeper judged
-    ]
-    reached, accepted = bench._depth_acceptance(steps)
-    assert reached == [3, 1] and accepted == [2, 1]
+def test_depth_acceptance_is_null_where_no_step_reached_a_depth():
     row = {"tokens": [1, 2], "wall_s": 1.0, "forwards": 1, "steps": 1, "draft_ms": 1.0, "verify_ms": 1.0,
            "accepted_lengths": [2], "depth_reached": [3, 1, 0], "depth_accepted": [2, 1, 0], "peak_mb": None}
     assert bench.summarize({"lookup": [row]}, SamplingParams())["lookup"]["depth_acceptance"] == [0.667, 1.0, None]
@@ -84,7 +69,8 @@ def test_depth_acceptance_counts_a_depth_only_where_the_verifier_judged_it():
 def test_ms_per_step_weighs_every_step_and_skips_prompts_without_one():
     rows = [{"steps": 0, "draft_ms": 0.0, "verify_ms": 0.0}, {"steps": 3, "draft_ms": 2.0, "verify_ms": 9.0},
             {"steps": 1, "draft_ms": 6.0, "verify_ms": 5.0}]
-    assert bench._per_step(rows, "draft_ms") == 3.0 and bench._per_step(rows, "verify_ms") == 8.0
+    per_step = bench.reports._per_step
+    assert per_step(rows, "draft_ms") == 3.0 and per_step(rows, "verify_ms") == 8.0
 
 
 def test_methods_take_turns_going_first_and_warm_up_past_stop_tokens(tiny, monkeypatch):
@@ -95,7 +81,7 @@ def test_methods_take_turns_going_first_and_warm_up_past_stop_tokens(tiny, monke
         return {"tokens": [1], "wall_s": 1.0, "forwards": 0, "steps": 0, "draft_ms": 0.0, "verify_ms": 0.0,
                 "accepted_lengths": [], "depth_reached": [], "depth_accepted": [], "peak_mb": None}
 
-    monkeypatch.setattr(bench, "time_one", fake)
+    monkeypatch.setattr(bench.timing, "time_one", fake)
     bench.compare(tiny, {"vanilla": None, "lookup": None, "hf-generate": None}, PROMPTS * 2, max_new=12)
     assert calls[:3] == [("vanilla", 12, False), ("lookup", 12, False), ("hf-generate", 12, False)]
     firsts = [calls[3 + 3 * i][0] for i in range(4)]
@@ -250,10 +236,10 @@ def test_auto_tree_picks_the_budget_with_the_best_expected_rate(tiny):
 def test_replay_keeps_the_best_nodes_and_cuts_the_accepted_path_at_the_first_dropped_one():
     # root 0; 1 (p .5) and 2 (p .3) under it; 3 (.9) and 4 (.2) under 1; 5 (.5) under 3
     tree = {"parents": [-1, 0, 0, 1, 1, 3], "draft_probs": [1.0, 0.5, 0.3, 0.9, 0.2, 0.5]}
-    assert bench.best_nodes(tree, 6) == [1, 3, 2, 5, 4]  # path probabilities .5, .45, .3, .225, .1
-    assert [bench.replay_budget(tree, [0, 1, 3, 5], b) for b in range(1, 8)] == [0, 1, 2, 2, 3, 3, 3]
-    assert [bench.replay_budget(tree, [0, 2], b) for b in (3, 4)] == [0, 1]
-    assert bench.replay_budget(tree, [0], 6) == 0
+    assert trace.best_nodes(tree, 6) == [1, 3, 2, 5, 4]  # path probabilities .5, .45, .3, .225, .1
+    assert [trace.replay_budget(tree, [0, 1, 3, 5], b) for b in range(1, 8)] == [0, 1, 2, 2, 3, 3, 3]
+    assert [trace.replay_budget(tree, [0, 2], b) for b in (3, 4)] == [0, 1]
+    assert trace.replay_budget(tree, [0], 6) == 0
 
 
 def test_replay_keeps_what_prompt_lookup_proposed_at_every_budget():
@@ -265,11 +251,11 @@ def test_replay_keeps_what_prompt_lookup_proposed_at_every_budget():
     assert bench.token_paths(lookup_tree) == {(10,), (10, 13), (14,), (14, 15)}
     lookup = bench.lookup_nodes(tree, lookup_tree)
     assert lookup == {1, 4, 5, 6}
-    assert bench.best_nodes(tree, 10) == [1, 3, 2]  # lookup's nodes never compete for the budget
+    assert trace.best_nodes(tree, 10) == [1, 3, 2]  # lookup's nodes never compete for the budget
     # the path through lookup's 1 -> 4 is kept at every budget, even where the drafter keeps nothing
-    assert [bench.replay_budget(tree, [0, 1, 4], b, lookup, sizes=True) for b in (1, 2, 4)] == [(2, 5), (2, 5), (2, 7)]
-    assert [bench.replay_budget(tree, [0, 1, 3], b, lookup) for b in (1, 2, 3)] == [1, 1, 2]
-    assert bench.replay_budget(tree, [0, 2], 3, lookup, sizes=True) == (0, 6)  # 1, 3, 4, 5, 6 and the root
+    assert [trace.replay_budget(tree, [0, 1, 4], b, lookup, sizes=True) for b in (1, 2, 4)] == [(2, 5), (2, 5), (2, 7)]
+    assert [trace.replay_budget(tree, [0, 1, 3], b, lookup) for b in (1, 2, 3)] == [1, 1, 2]
+    assert trace.replay_budget(tree, [0, 2], 3, lookup, sizes=True) == (0, 6)  # 1, 3, 4, 5, 6 and the root
 
 
 def test_auto_tree_tunes_a_drafter_joined_with_lookup(tiny):
@@ -289,7 +275,7 @@ def test_auto_tree_tunes_a_drafter_joined_with_lookup(tiny):
 
 def test_interpolated_verify_cost():
     ms = {"1": 10.0, "4": 16.0, "8": 20.0}
-    assert [bench._interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
+    assert [bench.tune._interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
 
 
 def test_verify_costs_are_made_nondecreasing_by_pooling_only_what_violates_the_order():
@@ -317,11 +303,11 @@ def test_a_smaller_budget_drafts_the_best_nodes_of_a_bigger_tree(tiny, kind):
     first = {}
     for b in (5, 9, 20):
         d.tree_budget = b
-        first[b] = next(s for s in bench.generate(tiny, ids, drafter=d, max_new_tokens=2) if s.tree).tree
+        first[b] = next(s for s in generate(tiny, ids, drafter=d, max_new_tokens=2) if s.tree).tree
     big = first[20]
     for b in (5, 9):
         small = first[b]
-        want = sorted((big["tokens"][i], big["depths"][i]) for i in bench.best_nodes(big, b))
+        want = sorted((big["tokens"][i], big["depths"][i]) for i in trace.best_nodes(big, b))
         assert sorted(zip(small["tokens"][1:], small["depths"][1:])) == want
 
 
@@ -334,9 +320,9 @@ def test_cpu_results_name_the_model_and_vector_isa():
 def test_gpu_results_name_the_host_cpu(monkeypatch):
     """A launch-bound GPU's speedups move with the CPU feeding it, so its results name that CPU too."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H200")
-    monkeypatch.setattr(bench, "cpu_model", lambda: "Some Xeon")
+    monkeypatch.setattr(bench.timing, "cpu_model", lambda: "Some Xeon")
     assert bench.device_name(torch.device("cuda")) == "NVIDIA H200 (host Some Xeon)"
-    monkeypatch.setattr(bench, "cpu_model", lambda: None)
+    monkeypatch.setattr(bench.timing, "cpu_model", lambda: None)
     assert bench.device_name(torch.device("cuda")) == "NVIDIA H200"
 
 
@@ -495,13 +481,13 @@ def test_a_bench_cut_short_keeps_the_prompts_it_finished(tiny, tmp_path, monkeyp
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(bench, "time_one", stop_on_the_second_prompt)
+    monkeypatch.setattr(bench.timing, "time_one", stop_on_the_second_prompt)
     assert main(argv) == 130
     doc = json.loads(out.read_text())
     assert doc["partial"] == {"prompts_done": 1, "prompts": 3}
     assert doc["methods"]["lookup"]["prompts"] == 1 and doc["methods"]["lookup"]["identical_to_vanilla"] == 1
     assert bench.markdown_table(doc).startswith("**Partial: the run stopped after 1 of 3 prompts.**")
-    monkeypatch.setattr(bench, "time_one", real)
+    monkeypatch.setattr(bench.timing, "time_one", real)
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     assert "partial" not in doc and doc["methods"]["vanilla"]["prompts"] == 3

@@ -50,7 +50,7 @@ def test_pyproject_declares_the_requirements():
     assert project["build-system"]["build-backend"] == "setuptools.build_meta"
     dynamic = project["tool"]["setuptools"]["dynamic"]
     assert dynamic["dependencies"]["file"] == ["requirements.txt"]
-    assert project["tool"]["setuptools"]["packages"] == ["fasteagle", "fasteagle.train"]
+    assert project["tool"]["setuptools"]["packages"] == ["fasteagle", "fasteagle.bench", "fasteagle.train"]
     dev = (ROOT / "requirements-dev.txt").read_text().splitlines()
     assert dev[0] == "-r requirements.txt"
     assert project["project"]["optional-dependencies"]["dev"] == dev[1:]

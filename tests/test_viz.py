@@ -8,6 +8,7 @@ import re
 import pytest
 
 import viz
+from fasteagle import trace
 from fasteagle.generate import chat_prompt_ids, run
 from fasteagle.lookup import LookupDrafter
 from viz import charts, tokens, trace_io
@@ -396,14 +397,14 @@ def _run_traces():
 
 def test_accepted_lengths_and_histogram():
     traces = _run_traces()
-    assert charts.accepted_lengths(traces) == [2, 0]
+    assert trace.accepted_lengths(traces) == [2, 0]
     fig = charts.acceptance_histogram(traces)
     assert list(fig.data[0].x) == [0, 1, 2] and list(fig.data[0].y) == [1, 0, 1]
     assert "mean 1.00" in fig.layout.title.text and "τ" not in fig.layout.title.text  # one τ per screen
 
 
 def test_per_depth_acceptance_rates():
-    rows = charts.depth_acceptance(_run_traces())
+    rows = trace.depth_acceptance(_run_traces())
     assert rows == [{"depth": 1, "reached": 2, "accepted": 1, "rate": 0.5},
                     {"depth": 2, "reached": 1, "accepted": 1, "rate": 1.0},
                     {"depth": 3, "reached": 1, "accepted": 0, "rate": 0.0}]
@@ -412,15 +413,15 @@ def test_per_depth_acceptance_rates():
 
 
 def test_summary_and_time_split():
-    s = charts.summarize(_run_traces(), decode_s=0.1)
+    s = trace.run_summary(_run_traces(), decode_s=0.1)
     assert s["tokens"] == 5 and s["forwards"] == 2 and s["tau"] == 2.0
     assert s["prefill_ms"] == 30.0 and s["draft_ms"] == 7.0 and s["verify_ms"] == 30.0
     assert s["other_ms"] == pytest.approx(100 - 67) and s["tokens_per_s"] == pytest.approx(50)
-    fig = charts.time_split_chart({"fasteagle": s, "vanilla": charts.summarize(_run_traces())})
+    fig = charts.time_split_chart({"fasteagle": s, "vanilla": trace.run_summary(_run_traces())})
     assert [t.name for t in fig.data] == ["prefill", "draft", "verify", "other"]
     assert fig.layout.barmode == "stack"
     assert sum(t.x[0] for t in fig.data) == pytest.approx(100)
-    assert charts.summarize([])["tokens"] == 0
+    assert trace.run_summary([])["tokens"] == 0
 
 
 # -- trace files ------------------------------------------------------------------------------------

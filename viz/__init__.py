@@ -1,13 +1,7 @@
-"""Pure trace -> picture functions for the FastEagle app (no model, no Gradio)."""
+"""Pure trace -> picture functions for the FastEagle app (no model, no Gradio, no torch); the
+numbers the pictures show are `fasteagle.trace`'s."""
 
-from viz.charts import (
-    acceptance_histogram,
-    accepted_lengths,
-    depth_acceptance,
-    depth_acceptance_chart,
-    summarize,
-    time_split_chart,
-)
+from viz.charts import acceptance_histogram, depth_acceptance_chart, time_split_chart
 from viz.tokens import (
     BONUS,
     Span,
@@ -25,7 +19,7 @@ from viz.tree import ACCEPTED_PATH, VERDICT_COLORS, VERDICTS, empty_figure, tree
 
 __all__ = [
     "ACCEPTED_PATH", "BONUS", "Span", "SpanBuilder", "TraceFileError", "VERDICTS", "VERDICT_COLORS",
-    "accepted_lengths", "acceptance_histogram", "color_map", "depth_acceptance", "depth_acceptance_chart",
-    "depth_category", "empty_figure", "highlighted", "make_run_file", "parse_run_file", "spans_html", "summarize",
-    "time_split_chart", "token_label", "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
+    "acceptance_histogram", "color_map", "depth_acceptance_chart", "depth_category", "empty_figure", "highlighted",
+    "make_run_file", "parse_run_file", "spans_html", "time_split_chart", "token_label", "token_spans", "tree_figure",
+    "tree_height", "tree_layout", "visible",
 ]

@@ -1,69 +1,21 @@
-"""Summary numbers and charts of whole decodes, from lists of `StepTrace.to_dict()`s (pure)."""
+"""Charts of whole decodes, from lists of `StepTrace.to_dict()`s (pure); the numbers they show are
+`fasteagle.trace`'s."""
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from viz.tree import ACCEPTED, REJECTED, VERDICT_COLORS
+from fasteagle.trace import ACCEPTED, accepted_lengths, depth_acceptance, histogram
+from viz.tree import VERDICT_COLORS
 
 CHART_HEIGHT = 280
 _MARGIN = {"l": 50, "r": 20, "t": 50, "b": 50}
 TIME_COLORS = {"prefill": "#9467bd", "draft": "#ff7f0e", "verify": "#1f77b4", "other": "#c7c7c7"}
 
 Traces = Sequence[Mapping]
-
-
-def accepted_lengths(traces: Traces) -> list[int]:
-    """Draft tokens accepted at each decoding step (the prefill excluded; the bonus not counted)."""
-    return [max(len(t.get("path") or [0]) - 1, 0) for t in traces if int(t.get("step", 0)) > 0]
-
-
-def depth_acceptance(traces: Traces) -> list[dict]:
-    """Per draft depth d: in how many steps a depth-d node was reached (its parent accepted, so the
-    verifier judged it) and in how many one was accepted. rate = accepted / reached: the
-    conditional acceptance rate of depth d."""
-    reached: Counter = Counter()
-    accepted: Counter = Counter()
-    for t in traces:
-        tree = t.get("tree")
-        if not tree or not t.get("status"):
-            continue
-        seen_r, seen_a = set(), set()
-        for d, s in zip(tree["depths"], t["status"]):
-            if d > 0 and s in (ACCEPTED, REJECTED):
-                seen_r.add(d)
-                if s == ACCEPTED:
-                    seen_a.add(d)
-        reached.update(seen_r)
-        accepted.update(seen_a)
-    return [{"depth": d, "reached": reached[d], "accepted": accepted[d], "rate": accepted[d] / reached[d]}
-            for d in sorted(reached)]
-
-
-def summarize(traces: Traces, decode_s: float | None = None) -> dict:
-    """Totals of one decode. `decode_s`: measured wall time of the whole decode (prefill included);
-    without it the sum of the per-step timings is used."""
-    if not traces:
-        return {"tokens": 0, "forwards": 0, "tau": 0.0, "steps": 0, "prefill_ms": 0.0, "draft_ms": 0.0,
-                "verify_ms": 0.0, "other_ms": 0.0, "wall_s": 0.0, "tokens_per_s": 0.0, "finished": None}
-    last = traces[-1]
-    tokens, forwards = int(last.get("generated", 0)), int(last.get("forwards", 0))
-    prefill_ms = sum(float(t.get("verify_ms", 0)) for t in traces if int(t.get("step", 0)) == 0)
-    draft_ms = sum(float(t.get("draft_ms", 0)) for t in traces)
-    verify_ms = sum(float(t.get("verify_ms", 0)) for t in traces if int(t.get("step", 0)) > 0)
-    measured = prefill_ms + draft_ms + verify_ms
-    wall_s = decode_s if decode_s is not None else measured / 1e3
-    return {
-        "tokens": tokens, "forwards": forwards, "steps": len(traces) - 1,
-        "tau": (tokens - 1) / forwards if forwards else 0.0,
-        "prefill_ms": prefill_ms, "draft_ms": draft_ms, "verify_ms": verify_ms,
-        "other_ms": max(wall_s * 1e3 - measured, 0.0), "wall_s": wall_s,
-        "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0, "finished": last.get("finished"),
-    }
 
 
 def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
@@ -78,13 +30,12 @@ def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
 def acceptance_histogram(traces: Traces) -> go.Figure:
     """How many draft tokens each step accepted (each step also emits the target's bonus token)."""
     lengths = accepted_lengths(traces)
-    counts = Counter(lengths)
-    xs = list(range(0, max(lengths, default=0) + 1))
-    fig = go.Figure(go.Bar(x=xs, y=[counts[x] for x in xs], name="steps", marker_color=VERDICT_COLORS[ACCEPTED],
+    counts = histogram(lengths, 0)
+    fig = go.Figure(go.Bar(x=list(range(len(counts))), y=counts, name="steps", marker_color=VERDICT_COLORS[ACCEPTED],
                            hovertemplate="%{y} steps accepted %{x} draft tokens<extra></extra>"))
     mean = sum(lengths) / len(lengths) if lengths else 0.0
     fig.update_xaxes(dtick=1)
-    fig.update_yaxes(tick0=0, dtick=max(1, math.ceil(max(counts.values(), default=1) / 5)))  # whole steps
+    fig.update_yaxes(tick0=0, dtick=max(1, math.ceil(max(counts, default=1) / 5)))  # whole steps
     # no τ here: the run's τ counts emitted tokens, and a step's accepted drafts may be cut at a stop
     # token, so mean + 1 would disagree with the τ shown beside the reply
     return _layout(fig, f"accepted draft tokens per step (mean {mean:.2f})",

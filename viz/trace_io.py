@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from fasteagle.trace import ACCEPTED, NEVER_REACHED, REJECTED, SUMMARY_NUMBERS
+
 FORMAT = "fasteagle-trace"
 VERSION = 1
 MAX_BYTES = 50 * 2**20
@@ -20,15 +22,13 @@ class TraceFileError(ValueError):
 def make_run_file(meta: Mapping[str, Any], sides: Mapping[str, Mapping[str, Any]],
                   token_labels: Mapping[int, str]) -> dict:
     """`sides`: {"speculative": {...}, "vanilla": {...}}, each with "traces" (StepTrace dicts),
-    "spans" (viz.tokens.spans_to_json), "summary" (viz.charts.summarize)."""
+    "spans" (viz.tokens.spans_to_json), "summary" (fasteagle.trace.run_summary)."""
     return {"format": FORMAT, "version": VERSION, "meta": dict(meta),
             "sides": {k: dict(v) for k, v in sides.items()},
             "token_labels": {str(k): v for k, v in token_labels.items()}}
 
 
 MAX_TOKEN_ID = 2**31 - 1
-SUMMARY_NUMBERS = ("tokens", "forwards", "tau", "wall_s", "tokens_per_s", "prefill_ms", "draft_ms", "verify_ms",
-                   "other_ms")  # what viz.charts.summarize gives and the app shows
 
 
 def _ints(values: Any, lo: int = 0, hi: int = MAX_TOKEN_ID) -> bool:
@@ -75,7 +75,7 @@ def _check_trace(tr: Any, where: str) -> None:
     for key in ("status", "target_probs"):
         if tr.get(key) and len(tr[key]) != n:
             raise TraceFileError(f"{where}: {key!r} has {len(tr[key])} entries for {n} tree nodes")
-    if any(s not in (0, 1, 2) for s in tr.get("status") or []):
+    if any(s not in (NEVER_REACHED, ACCEPTED, REJECTED) for s in tr.get("status") or []):
         raise TraceFileError(f"{where}: 'status' values must be 0, 1 or 2")
     if any(not isinstance(i, int) or not 0 <= i < n for i in tr.get("path") or []):
         raise TraceFileError(f"{where}: 'path' points outside the tree")

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from fasteagle.trace import ACCEPTED, LOOKUP_SOURCE, NEVER_REACHED, REJECTED
 from viz.tokens import Decode, label_decoder, token_label
 
-NEVER_REACHED, ACCEPTED, REJECTED = 0, 1, 2
 VERDICTS = {ACCEPTED: "accepted", REJECTED: "rejected", NEVER_REACHED: "never reached"}
 VERDICT_COLORS = {ACCEPTED: "#2ca02c", REJECTED: "#d62728", NEVER_REACHED: "#b4b4b4"}
 BONUS_COLOR = "#1f77b4"
@@ -37,7 +37,6 @@ BONUS_NAME = "bonus token"
 LABEL_FONT_PX = 12  # label font size
 LABEL_HEIGHT_PX = 16  # one line of LABEL_FONT_PX text, line spacing included
 MARKER_PX = 12
-LOOKUP_SOURCE = -1  # `sources` of nodes only prompt lookup proposed (fasteagle.hybrid.LOOKUP_SOURCE)
 LOOKUP_SYMBOL = "diamond"  # their marker; drafter nodes are circles
 LOOKUP_NAME = "from prompt lookup"
 ROW_PX = 40  # >= LABEL_HEIGHT_PX + MARKER_PX: a label sits above its marker

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from fasteagle import trace
 from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
 from fasteagle.errors import FastEagleError
 from fasteagle.fields import check_types
@@ -557,9 +558,10 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         tops = [logits.softmax(-1).topk(kmax, -1) for logits in logits_all]
         top_p = torch.stack([t.values for t in tops], 1).cpu()  # (L-1, N, kmax)
         top_i = drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)].cpu()
-        seq, reply = ids[0].cpu(), mask[0].cpu()
+        seq, reply = ids[0].tolist(), mask[0].tolist()
         for shape, walk in walks.items():
-            tokens, steps = replay_walk(seq, reply, top_i, top_p, TREE_BUILDERS[shape], ks, budget)
+            draft = drafted_trees(TREE_BUILDERS[shape], seq, top_i, top_p, ks, budget)
+            tokens, steps = trace.replay_walk(seq, reply, draft)
             walk[0] += tokens
             walk[1] += steps
         valid = mask[0, 1:1 + T] & mask[0, 1 + N:1 + N + T]  # the root and the deepest draft lie in the reply
@@ -586,30 +588,12 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         "depth_topk_given_spine": [round(float(leaf_hits[d] / max(1, counted if d == 0 else spine_hits[d - 1])), 3)
                                    for d in range(N)],
         "tree_k": ks,
-        "tau_replay": {shape: round(t / max(1, s), 3) for shape, (t, s) in walks.items()},
+        "tau_replay": {shape: round(trace.tau(t, s), 3) for shape, (t, s) in walks.items()},
         "tau_replay_budget": budget,
     }
 
 
-def replay_walk(ids: torch.Tensor, mask: torch.Tensor, top_i: torch.Tensor, top_p: torch.Tensor, build,
-                ks: list[int], budget: int) -> tuple[int, int]:
-    """Greedy speculative decoding of one reply (`mask` marks it in `ids`), replayed: (tokens after
-    the first, target forwards). top_i/top_p[t] are the drafter's per-depth candidates drafted at
-    position t, i.e. with token t+1 as the tree's root."""
-    where = mask.nonzero().squeeze(1)
-    if where.numel() < 2:
-        return 0, 0
-    start, end = int(where[0]), int(where[-1]) + 1  # the reply is ids[start:end]
-    seq = ids.tolist()
-    g, steps = start, 0  # g: position of the root (the last token the target chose)
-    while g + 1 < end:
-        tree = build(seq[g], top_i[g - 1], top_p[g - 1], ks, budget)
-        toks, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
-        ok, acc = [True] + [False] * (len(toks) - 1), 0
-        for j in range(1, len(toks)):
-            pos = g + depths[j]
-            if ok[parents[j]] and pos < end and toks[j] == seq[pos]:
-                ok[j], acc = True, max(acc, depths[j])
-        g += acc + 1  # the accepted drafts, then the target's own token
-        steps += 1
-    return min(g, end - 1) - start, steps
+def drafted_trees(build, seq: list[int], top_i: torch.Tensor, top_p: torch.Tensor, ks: list[int], budget: int):
+    """`replay_walk`'s `draft`: g -> the tree `build` makes rooted at seq[g] from the per-depth
+    candidates top_i/top_p[g - 1] (drafted at position g - 1, i.e. with token g as the root)."""
+    return lambda g: build(seq[g], top_i[g - 1], top_p[g - 1], ks, budget).to_dict()

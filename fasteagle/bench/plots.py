@@ -1,0 +1,71 @@
+"""The Plotly charts of a method comparison (an .html beside its result), and a result's .md table
+and charts drawn again from its JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fasteagle.bench.reports import markdown_table, per_prompt, read_result
+from fasteagle.files import atomic_path, write_text
+
+
+def charts(doc: dict, path: str | Path) -> None:
+    """Plotly HTML: speedup and tau per method, per-depth acceptance of the drafters, (with
+    `--tree auto`) each drafter's expected speedup against the tree budget it was chosen from, and
+    below, every method's speedup prompt by prompt (tau in the hover)."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    names = list(doc["methods"])
+    auto = doc.get("settings", {}).get("tree_auto") or {}
+    prompts = per_prompt(doc)
+    cols = 3 + bool(auto)
+    titles = ["speedup vs vanilla", "tau (tokens / target forward)", "per-depth acceptance"]
+    titles += ["--tree auto: expected speedup vs budget"] * bool(auto)
+    specs = [[{}] * cols] + ([[{"colspan": cols}] + [None] * (cols - 1)] if prompts else [])
+    fig = make_subplots(rows=1 + bool(prompts), cols=cols, specs=specs, vertical_spacing=0.18,
+                        subplot_titles=titles + ["speedup vs vanilla, prompt by prompt"] * bool(prompts))
+    palette = qualitative.Plotly
+    color = {n: palette[i % len(palette)] for i, n in enumerate(names)}  # one colour per method, every panel
+    shown = set()
+
+    def legend(n: str) -> dict:
+        first = n not in shown
+        shown.add(n)
+        return {"name": n, "legendgroup": n, "showlegend": first, "marker_color": color[n]}
+
+    for col, key in ((1, "speedup_vs_vanilla"), (2, "tau")):
+        fig.add_bar(x=names, y=[doc["methods"][n].get(key) for n in names], row=1, col=col, showlegend=False,
+                    marker_color=[color[n] for n in names])
+    for n in names:
+        acc = doc["methods"][n].get("depth_acceptance") or []
+        if acc:
+            fig.add_scatter(x=list(range(1, len(acc) + 1)), y=acc, mode="lines+markers", row=1, col=3,
+                            line_color=color[n], **legend(n))
+    for n, choice in auto.items():
+        curve = choice.get("speedup_vs_decode_step") or {}
+        fig.add_scatter(x=[int(b) for b in curve], y=list(curve.values()), mode="lines+markers", row=1, col=4,
+                        name=f"{n} (picked {choice['budget']})", line_color=color.get(n), line_dash="dot")
+    if auto:
+        fig.update_xaxes(type="log", title_text="tree nodes", row=1, col=4)
+    for n, rs in prompts.items():
+        hover = f"{n}<br>%{{x}}: %{{y:.2f}}x" + ("<br>tau %{customdata:.2f}" if rs[0]["tau"] is not None else "")
+        fig.add_bar(x=[f"{r['category']}/{r['id']}" for r in rs], y=[r["speedup"] for r in rs],
+                    customdata=[r["tau"] for r in rs], row=2, col=1, hovertemplate=hover + "<extra></extra>",
+                    **legend(n))
+    if prompts:
+        fig.update_layout(barmode="group")
+        fig.add_hline(y=1.0, line_dash="dot", line_color="gray", row=2, col=1)
+    fig.update_layout(title=f"{doc['target']} on {doc['device']}", height=420 + 380 * bool(prompts),
+                      template="plotly_white")
+    with atomic_path(path) as tmp:
+        fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)  # a fixed id: a redraw changes nothing
+
+
+def redraw(result_file: str | Path) -> None:
+    """The .md table (and, for a method comparison, the .html charts) of a result JSON, drawn again."""
+    path = Path(result_file)
+    doc = read_result(path)
+    write_text(path.with_suffix(".md"), markdown_table(doc))
+    if "methods" in doc and "rows" in doc:
+        charts(doc, path.with_suffix(".html"))

@@ -1,0 +1,51 @@
+"""Prompt files: JSON lines, one prompt each, and the prompts `--tree auto` tunes on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fasteagle.errors import FastEagleError
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
+    """JSON lines with `turns` (first turn used), `prompt` or `text`; optional `category`. A line
+    without a prompt is an error that names it, as is a file without any."""
+    if limit is not None and limit < 1:
+        raise FastEagleError(f"--limit must be at least 1 (got {limit})")
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FastEagleError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise FastEagleError(f"the prompt file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                             "save it as UTF-8") from None
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FastEagleError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        d = d if isinstance(d, dict) else {}
+        if "turns" in d:
+            text = d["turns"][0] if isinstance(d["turns"], list) and d["turns"] else None
+        else:
+            text = d.get("prompt") or d.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise FastEagleError(f"{path}:{n}: no prompt (a non-empty `turns` list, `prompt` or `text`)")
+        rows.append({"id": str(d.get("id", len(rows))), "category": str(d.get("category") or Path(path).stem),
+                     "text": text})
+    if not rows:
+        raise FastEagleError(f"{path} holds no prompts")
+    return rows[:limit] if limit else rows
+
+
+def tuning_prompts(files: list[str], limit: int | None, n: int = 3) -> list[dict]:
+    """Prompts for `--tree auto` to tune on: `n` from past each file's `--limit`, taken in turn from
+    the files, so the budget is not picked on the prompts it is then measured on; the first `n`
+    measured ones where the files hold no more."""
+    spare = [load_prompts(f)[limit:] if limit else [] for f in files]
+    picked = [p for group in zip(*spare) for p in group] if all(spare) else [p for g in spare for p in g]
+    return picked[:n] if len(picked) >= n else [p for f in files for p in load_prompts(f, limit)][:n]

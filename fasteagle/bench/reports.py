@@ -1,0 +1,271 @@
+"""What a measurement reports: the per-method summaries of per-prompt rows, the result document
+(the JSON `bench` writes), its Markdown table, and the README's results section drawn from those."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from fasteagle import trace
+from fasteagle.bench.timing import device_name
+from fasteagle.errors import FastEagleError
+from fasteagle.files import write_text
+from fasteagle.target import Target
+from fasteagle.verify import SamplingParams
+
+
+def summarize(rows: dict, sampling: SamplingParams) -> dict:
+    """Per-method summary of per-prompt rows (`fasteagle.bench` says what it reports)."""
+    pooled = {name: sum(len(r["tokens"]) for r in rs) / sum(r["wall_s"] for r in rs) for name, rs in rows.items()}
+    out = {}
+    for name, rs in rows.items():
+        tps = sorted(_rate(r) for r in rs)
+        s = {"prompts": len(rs), "tokens": sum(len(r["tokens"]) for r in rs),
+             "tokens_per_s": round(pooled[name], 2),
+             "tokens_per_s_median": round(statistics.median(tps), 2),
+             "tokens_per_s_p10_p90": [round(_quantile(tps, 0.1), 2), round(_quantile(tps, 0.9), 2)]}
+        for ref in ("vanilla", "hf-generate"):
+            if ref in pooled:  # pooled tokens/s over pooled tokens/s; the median of the per-prompt ratios too
+                key = f"speedup_vs_{ref.replace('-', '_')}"
+                s[key] = round(pooled[name] / pooled[ref], 3)
+                s[key + "_median"] = round(statistics.median(_rate(r) / _rate(b) for r, b in zip(rs, rows[ref])), 3)
+        if rs[0]["forwards"] is not None:
+            steps = sum(r["forwards"] for r in rs)
+            s["tau"] = round(trace.tau(sum(len(r["tokens"]) - 1 for r in rs), steps), 3)  # the prefill's token left out
+            s["draft_ms"], s["verify_ms"] = (round(_per_step(rs, key), 3) for key in ("draft_ms", "verify_ms"))
+            lengths = [n for r in rs for n in r["accepted_lengths"]]
+            s["accepted_length_histogram"] = trace.histogram(lengths, 1)
+            reached = _sum_ragged([r["depth_reached"] for r in rs])
+            accepted = _sum_ragged([r["depth_accepted"] for r in rs])
+            s["depth_acceptance"] = [None if v is None else round(v, 3) for v in trace.depth_rates(reached, accepted)]
+        peaks = [r["peak_mb"] for r in rs if r["peak_mb"] is not None]
+        s["peak_mb"] = max(peaks) if peaks else None
+        if "vanilla" in rows and sampling.greedy:
+            s["identical_to_vanilla"] = sum(a["tokens"] == b["tokens"] for a, b in zip(rs, rows["vanilla"]))
+        out[name] = s
+    return out
+
+
+def _per_step(rows: list[dict], key: str) -> float:
+    """Mean ms per decode step over all prompts' steps (a prompt that ended at its prefill has none);
+    rows from before steps were counted weigh each prompt alike."""
+    if any("steps" not in r for r in rows):
+        return statistics.fmean(r[key] for r in rows)
+    steps = sum(r["steps"] for r in rows)
+    return sum(r[key] * r["steps"] for r in rows) / steps if steps else 0.0
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    i = q * (len(sorted_values) - 1)
+    lo, hi = int(i), min(int(i) + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (i - lo)
+
+
+def _sum_ragged(lists: list[list[int]]) -> list[int]:
+    out = [0] * max((len(x) for x in lists), default=0)
+    for x in lists:
+        for i, v in enumerate(x):
+            out[i] += v
+    return out
+
+
+def per_prompt(doc: dict) -> dict[str, list[dict]]:
+    """Each method's speedup over vanilla (tokens/s over tokens/s: sampled replies differ in length)
+    and tau on each prompt (what averages hide: which prompts a drafter wins or loses on). Needs the
+    vanilla rows; tau is None for Hugging Face's methods."""
+    rows = doc.get("rows") or {}
+    base = rows.get("vanilla")
+    if not base:
+        return {}
+    out = {}
+    for name, rs in rows.items():
+        if name == "vanilla":
+            continue
+        out[name] = [{"id": r["id"], "category": r["category"], "speedup": _rate(r) / _rate(v),
+                      "tau": _tau(r["accepted_lengths"]) if r.get("accepted_lengths") else None}
+                     for r, v in zip(rs, base)]
+    return out
+
+
+def _tau(step_lengths: list[int]) -> float:
+    """A row's tau from the tokens each of its steps emitted (the row's `accepted_lengths`)."""
+    return trace.tau(sum(step_lengths), len(step_lengths))
+
+
+def _rate(row: dict) -> float:
+    """A row's tokens/s: a measured row holds its tokens, a written one their count `n`; rows with
+    neither (hand-made) time the same reply: 1 / wall time."""
+    return (len(row["tokens"]) if "tokens" in row else row.get("n", 1)) / row["wall_s"]
+
+
+def _repo_path(path: str | None) -> str | None:
+    """A path relative to the working directory when it lies inside it (results name repo files,
+    not one machine's absolute paths)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def drafter_summary(drafter) -> dict:
+    """Which trained drafter a result measured: its directory and what its training cost."""
+    t, h = drafter.info.get("training") or {}, drafter.info.get("holdout") or {}
+    return {"path": _repo_path(getattr(drafter, "path", None)), "weights": getattr(drafter, "packing", None),
+            "steps": t.get("steps_all", t.get("steps")),
+            "train_minutes": t.get("train_minutes_all", t.get("train_minutes")),
+            "train_tokens": t.get("train_tokens"), "device": t.get("device"),
+            "holdout_tau_backbone": h.get("tau_backbone"),
+            "draft_vocab": int(drafter.vocab_ids.numel()) if hasattr(drafter, "vocab_ids") else None}
+
+
+def result_document(target: Target, rows: dict, settings: dict) -> dict:
+    """The JSON written by `bench`: overall and per-category summaries plus the per-prompt rows."""
+    sampling = SamplingParams(settings.get("temperature", 0.0), settings.get("top_p", 1.0))
+    categories = sorted({r["category"] for rs in rows.values() for r in rs})
+    per_cat = {c: summarize({m: [r for r in rs if r["category"] == c] for m, rs in rows.items()}, sampling)
+               for c in categories}
+    return {"device": device_name(target.device), "target": target.name,
+            "date": datetime.date.today().isoformat(), "torch": torch.__version__, "settings": settings,
+            "methods": summarize(rows, sampling), "per_category": per_cat,
+            "rows": {m: [{k: v for k, v in r.items() if k != "tokens"} | {"n": len(r["tokens"])} for r in rs]
+                     for m, rs in rows.items()}}
+
+
+def markdown_table(doc: dict) -> str:
+    """One Markdown table per result document (what the README shows): a method comparison, a
+    verify-cost sweep or a draft-step timing."""
+    if "relative" in doc:
+        return _verify_cost_table(doc)
+    if "budget_curve" in doc:
+        return _budget_curve_table(doc)
+    if doc.get("profile"):
+        from fasteagle.profile import markdown
+
+        return markdown(doc)
+    if "shape" in doc:
+        graph = any("fasteagle_graph" in r for r in doc["ms"].values())
+        rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |"
+                       + (f" {r.get('fasteagle_graph', float('nan')):.2f} |" if graph else "") + "\n"
+                       for d, r in doc["ms"].items())
+        return (f"**{doc['device']}**, {doc['dtype']}{_linears(doc)}: one draft step ({doc['accepted']} accepted "
+                f"tokens fed, then the ~60-node tree) at the `{doc['shape']}` shape, random weights\n\n"
+                "| depth | FastEagle ms | EAGLE-3-style ms | EAGLE-3 / FastEagle |"
+                + (" FastEagle as a CUDA graph ms |\n|---|---|---|---|---|\n" if graph else "\n|---|---|---|---|\n")
+                + rows)
+    s = doc["settings"]
+    cut = doc.get("partial")
+    budget = s.get("tree_budget")
+    if isinstance(budget, dict):  # --tree auto: one per drafter
+        budget = ", ".join(f"{k} {v}" for k, v in budget.items()) + " (auto)"
+    head = ((f"**Partial: the run stopped after {cut['prompts_done']} of {cut['prompts']} prompts.** " if cut else "")
+            + f"**{doc['device']}**{_linears(s)}, target `{doc['target']}`, {s.get('prompts_desc', '')} "
+            f"{s.get('max_new_tokens')} new tokens, temperature {s.get('temperature')}, tree budget {budget} nodes"
+            + (f", fasteagle tree {s['tree_shape']}" if s.get("tree_shape") else "")
+            + (", drafting over the whole vocabulary (--full-vocab)" if s.get("full_vocab") else "")
+            + f", {doc['date']}"
+            + "".join(f"; {m} drafter `{d['path']}` ({d['steps']} steps, {d['train_minutes']} min"
+                      + (f", drafting over {d['draft_vocab']} tokens" if d.get("draft_vocab") else "") + ")"
+                      for m, d in (s.get("drafters") or {}).items()) + "\n\n")
+    peak = any(m.get("peak_mb") is not None for m in doc["methods"].values())
+    lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
+             "identical |" + " peak MB |" * peak, "|---|---|---|---|---|---|---|---|" + "---|" * peak]
+    for name, m in doc["methods"].items():
+        def f(key, fmt="{:.2f}", m=m):
+            return fmt.format(m[key]) if m.get(key) is not None else "–"
+        ident = f"{m['identical_to_vanilla']}/{m['prompts']}" if "identical_to_vanilla" in m else "–"
+        lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} | "
+                     f"{f('speedup_vs_hf_generate', '{:.2f}x')} | {f('tau')} | {f('draft_ms', '{:.1f}')} | "
+                     f"{f('verify_ms', '{:.1f}')} | {ident} |" + f" {f('peak_mb', '{:.0f}')} |" * peak)
+    if float(s.get("temperature") or 0) > 0:
+        lines.append("\nSampling: each method draws its own sample, so outputs are not compared with vanilla's.")
+    cats = doc.get("per_category") or {}
+    if len(cats) > 1:  # speedup and tau per prompt category
+        names = list(doc["methods"])
+        lines += ["", "| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for cat, ms in cats.items():
+            cells = [f"{ms[n]['speedup_vs_vanilla']:.2f}x" + (f", tau {ms[n]['tau']:.2f}" if "tau" in ms[n] else "")
+                     if ms.get(n, {}).get("speedup_vs_vanilla") is not None else "–" for n in names]
+            lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def _verify_cost_table(doc: dict) -> str:
+    sizes = list(doc["ms"])
+    variants = doc.get("variants") or {"": {"ms": doc["ms"], "relative": doc["relative"]}}
+    first = next(iter(variants))
+    rows = []
+    for name, v in variants.items():
+        label = f" ({name} linears)" if name else ""
+        rows.append(f"| ms{label} | " + " | ".join(f"{v['ms'][t]:.1f}" for t in sizes) + " |")
+        rows.append(f"| vs T=1{label} | " + " | ".join(f"{v['relative'][t]:.2f}x" for t in sizes) + " |")
+        if name != first:
+            rows.append(f"| {name} / {first} | " + " | ".join(f"{v[f'over_{first}'][t]:.2f}x" for t in sizes) + " |")
+    what = (f"; {' and '.join(variants)} linear layers timed interleaved" if len(variants) > 1 else _linears(doc))
+    return (f"**{doc.get('device', '?')}**{what}: one target forward over a tree of T nodes after "
+            f"{doc['prefix']} tokens of context, against T=1 (one decode step)\n\n| T | " + " | ".join(sizes)
+            + " |\n|---|" + "---|" * len(sizes) + "\n" + "\n".join(rows) + "\n")
+
+
+def _budget_curve_table(doc: dict) -> str:
+    curve = doc["budget_curve"]
+    budgets = list(next(iter(curve.values())))
+    head = (f"**{doc['device']}**, target `{doc['target']}`, drafter `{doc['drafter']}`"
+            + (" drafting over the whole vocabulary" if doc.get("full_vocab") else "")
+            + f", {doc['prompts_desc']} {doc['max_new_tokens']} new tokens, greedy: tokens per target forward (tau, "
+            "bonus included) against the tree budget (nodes, root included), replayed from one decode at the "
+            "largest (the last column: what that decode measured)\n\n")
+    decoded = doc.get("decoded") or {}
+    lines = ["| prompts | " + " | ".join(budgets) + f" | decoded at {budgets[-1]} |",
+             "|---|" + "---|" * (len(budgets) + 1)]
+    lines += [f"| {c} ({doc['steps'][c]} steps) | " + " | ".join(f"{v:.2f}" for v in row.values())
+              + (f" | {decoded[c]:.2f} |" if c in decoded else " | – |") for c, row in curve.items()]
+    return head + "\n".join(lines) + "\n"
+
+
+def _linears(d: dict) -> str:
+    """Which linear layers a result ran on (`fasteagle.packing`); results from before the choice say nothing."""
+    if "packed_linears" not in d:
+        return ""
+    drafters = f", {d['draft_weights']} drafter weights" if d.get("draft_weights") else ""
+    return (", prepacked linears" if d["packed_linears"] else ", stock linears") + drafters
+
+
+README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def read_result(path: str | Path) -> dict:
+    """A result JSON, or a one-line error naming the file (a typo, a .md given for the .json)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise FastEagleError(f"cannot read the result file {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise FastEagleError(f"{path} is not a bench result (a JSON object)")
+    return doc
+
+
+def update_readme(result_files: list[str | Path], readme: str | Path = "README.md") -> None:
+    """Regenerate the README's results section from committed result files (never typed by hand).
+    The README is read first, so a wrong --readme is named before the results are read."""
+    try:
+        text = Path(readme).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FastEagleError(f"cannot read --readme {readme}: {exc.strerror or exc} (run from the repository root "
+                             "or give --readme PATH)") from None
+    except UnicodeDecodeError as exc:
+        raise FastEagleError(f"--readme {readme} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if README_START not in text or README_END not in text:
+        raise FastEagleError(f"--readme {readme} has no {README_START} ... {README_END} section")
+    docs = [read_result(f) for f in sorted(result_files)]
+    body = "\n".join(f"{markdown_table(d)}\n<sub>from `{Path(f).as_posix()}`"
+                     + (f", made by `{d['command']}`" if d.get("command") else "") + "</sub>\n"
+                     for d, f in zip(docs, sorted(result_files)))
+    pre, rest = text.split(README_START, 1)
+    post = rest.split(README_END, 1)[1]
+    write_text(readme, f"{pre}{README_START}\n{body}{README_END}{post}")
