@@ -20,6 +20,7 @@ LAYERS = [
     {"fasteagle.hybrid"},
     {"fasteagle.methods"},
     {"fasteagle.profile", "fasteagle.train", "fasteagle.train.teacher", "fasteagle.train.data"},
+    {"fasteagle.train.tasks"},
     {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench", "fasteagle.bench.prompts",
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
      "fasteagle.bench.plots"},
