@@ -36,6 +36,7 @@ import torch  # noqa: E402
 import viz  # noqa: E402
 from fasteagle import files  # noqa: E402
 from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, default_budget, make_drafter  # noqa: E402
+from fasteagle.env import env  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
@@ -119,8 +120,8 @@ def _shown(p: Path) -> str:
 
 def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None) -> list[MethodSpec]:
     """Every method the app knows, with whether it can run here (trained weights present)."""
-    fe = Path(drafter_dir or os.environ.get("FASTEAGLE_DRAFTER") or DEFAULT_DRAFTER)
-    e3 = Path(eagle3_dir or os.environ.get("FASTEAGLE_EAGLE3_DRAFTER") or EAGLE3_DRAFTER)
+    fe = Path(drafter_dir or env().drafter or DEFAULT_DRAFTER)
+    e3 = Path(eagle3_dir or env().eagle3_drafter or EAGLE3_DRAFTER)
     fe_s, e3_s = _shown(fe), _shown(e3)
     return [
         MethodSpec("FastEagle", "fasteagle", fe, _has_weights(fe),
@@ -444,12 +445,12 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
     embedded model); `precompute`: decode first, then animate (always on ZeroGPU)."""
     global ENGINE
     if target is None:
-        target = load_target(os.environ.get("FASTEAGLE_TARGET") or None, os.environ.get("FASTEAGLE_DEVICE") or None,
-                             os.environ.get("FASTEAGLE_DTYPE") or None)
+        e = env()
+        target = load_target(e.target, e.device, e.dtype)
     engine = Engine(target, Path(drafter_dir) if drafter_dir else None, Path(eagle3_dir) if eagle3_dir else None)
     ENGINE = engine
     if precompute is None:
-        precompute = spaces is not None or os.environ.get("FASTEAGLE_PRECOMPUTE", "") not in ("", "0")
+        precompute = spaces is not None or env().precompute
     if spaces is None:
         engine.warmup()
     on_gpu = target.device.type == "cuda"

@@ -20,24 +20,24 @@ the whole step runs eagerly: the tests compare it with the dynamic step that way
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 
+from fasteagle.env import env
 from fasteagle.kvcache import ContextOverflowError, aligned
 from fasteagle.tree import product_fixed
 
 
 def graphs_wanted(device: torch.device) -> bool:
     """CUDA graphs for the drafter step on a GPU, unless FASTEAGLE_DRAFT_GRAPH=0."""
-    return device.type == "cuda" and os.environ.get("FASTEAGLE_DRAFT_GRAPH", "1") != "0"
+    return device.type == "cuda" and env().draft_graph
 
 
 def device_tree_wanted() -> bool:
     """The graph builds the product tree too, unless FASTEAGLE_DEVICE_TREE=0 (then the host builds it
     from the top-k: the same tree, for comparing the two)."""
-    return os.environ.get("FASTEAGLE_DEVICE_TREE", "1") != "0"
+    return env().device_tree
 
 
 class StaticKV:
