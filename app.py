@@ -199,7 +199,7 @@ def _fits(m: MethodSpec, target: Target) -> MethodSpec:
     config, no weights loaded): the app then says so once at startup, not at every run."""
     if not m.available or m.drafter_dir is None:
         return m
-    from fasteagle.drafter import check_fingerprint, read_config
+    from fasteagle.draftbase import check_fingerprint, read_config
 
     try:
         check_fingerprint(read_config(m.drafter_dir)[1], target.model)

@@ -514,7 +514,7 @@ def _check_args(args) -> None:
             args.prompt.encode("utf-8")
         except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
             raise FastEagleError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
-    from fasteagle.drafter import peek
+    from fasteagle.draftbase import peek
 
     for path in _drafter_dirs(args):
         peek(path)

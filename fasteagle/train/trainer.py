@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
 from fasteagle.fields import check_types
 from fasteagle.files import check_writable, write_text
+from fasteagle.methods import load_drafter
 from fasteagle.train.teacher import (
     PROMPT_TAIL,
     Batch,
