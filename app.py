@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -35,10 +34,10 @@ import torch  # noqa: E402
 
 import viz  # noqa: E402
 from fasteagle import files  # noqa: E402
-from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, default_budget, make_drafter  # noqa: E402
 from fasteagle.env import env  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
+from fasteagle.methods import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, Settings, build, default_budget  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES  # noqa: E402
 from fasteagle.verify import SamplingParams  # noqa: E402
@@ -305,9 +304,9 @@ class Engine:
             return LookupDrafter()
         key = (m.key, str(m.drafter_dir))
         if key not in self._drafters:
-            args = SimpleNamespace(tree_k=None, tree_budget=req.tree_budget)
+            settings = Settings(tree_budget=req.tree_budget).with_drafter(m.key, m.drafter_dir)
             try:
-                self._drafters[key] = make_drafter(m.key, self.target, args, path=m.drafter_dir)
+                self._drafters[key] = build(m.key, self.target, settings)
                 self._default_k[key] = getattr(self._drafters[key], "tree_k", None)
             except FastEagleError:
                 raise

@@ -412,10 +412,10 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
     wide = make_drafter("fasteagle", tiny, SimpleNamespace(**vars(small), full_vocab=True))
     assert wide.vocab_ids.numel() == TINY_VOCAB and wide.tree_k == [4, 2]
     assert len(run(tiny, ids, drafter=wide, max_new_tokens=8)[0]) == 8
-    from fasteagle.cli import full_vocab_wanted  # default: the whole vocabulary on a GPU only
-    assert full_vocab_wanted(small, torch.device("cuda")) and not full_vocab_wanted(small, torch.device("cpu"))
+    from fasteagle.methods import Settings  # default: the whole vocabulary on a GPU only
+    assert Settings().wants_full_vocab(torch.device("cuda")) and not Settings().wants_full_vocab(torch.device("cpu"))
     off = SimpleNamespace(**vars(small), full_vocab=False)
-    assert not full_vocab_wanted(off, torch.device("cuda"))
+    assert not Settings(full_vocab=False).wants_full_vocab(torch.device("cuda"))
     assert make_drafter("fasteagle", tiny, off).vocab_ids.numel() == 64
     grown = make(tiny, draft_vocab=64).grow_vocab(TINY_VOCAB)  # a whole-vocabulary drafter that grew from 64
     grown.save(tmp_path / "grown")
