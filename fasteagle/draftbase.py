@@ -5,9 +5,9 @@ the files.
 A drafter reads the target's hidden states of a few layers (`DrafterConfig.feature_layers`) and
 predicts the tokens after the next one, one distribution per draft depth, through the target's own
 LM head (frozen, borrowed with `attach`, never saved here) over a draft vocabulary: the target's
-whole vocabulary or its most frequent tokens. How the depths are computed is the subclass's:
-`fasteagle.drafter.CascadedDrafter` runs N layers in series once, `fasteagle.eagle3.
-AutoregressiveDrafter` one layer once per depth. Both train with the same loss (`DrafterBase.loss`)
+whole vocabulary or its most frequent tokens. How the depths are computed is the subclass's: the
+cascade (`fasteagle.drafter`) runs N layers in series once, the EAGLE-3-style drafter
+(`fasteagle.eagle3`) one layer once per depth. Both train with the same loss (`DrafterBase.loss`)
 over their `depth_outputs`, and save to and load from a folder of config.json and safetensors.
 """
 
