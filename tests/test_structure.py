@@ -1,0 +1,87 @@
+"""The shape of the code, kept by tests: modules import only downward (no loops), no function
+outside tests runs past ~80 lines, and each metric has one definition."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [*sorted((ROOT / "fasteagle").rglob("*.py")), *sorted((ROOT / "viz").rglob("*.py")), ROOT / "app.py"]
+MAX_LINES = 80
+
+# Lower layers first; a module may import its own layer's and lower ones, never a higher one.
+LAYERS = [
+    {"fasteagle", "fasteagle.env", "fasteagle.errors", "fasteagle.fields", "fasteagle.files", "fasteagle.trace",
+     "fasteagle.packing", "fasteagle.tree"},
+    {"fasteagle.paths", "fasteagle.kvcache", "fasteagle.fused", "fasteagle.lookup"},
+    {"fasteagle.target", "fasteagle.verify", "fasteagle.draftgraph", "fasteagle.draftbase"},
+    {"fasteagle.drafter", "fasteagle.eagle3", "fasteagle.generate"},
+    {"fasteagle.hybrid"},
+    {"fasteagle.methods"},
+    {"fasteagle.profile", "fasteagle.train", "fasteagle.train.teacher", "fasteagle.train.data"},
+    {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench"},
+    {"fasteagle.cli", "fasteagle.__main__"},
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    name = ".".join(parts)
+    return name.removesuffix(".__init__")
+
+
+def imports(path: Path) -> set[str]:
+    """Every fasteagle module `path` imports, at the top or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fasteagle"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("fasteagle"))
+    return out
+
+
+def package_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in (ROOT / "fasteagle").rglob("*.py")}
+    return {m: {d for d in imports(p) if d in files and d != m} for m, p in files.items()}
+
+
+def test_every_module_has_a_layer():
+    layered = set().union(*LAYERS)
+    assert set(package_graph()) <= layered, f"place these in LAYERS: {sorted(set(package_graph()) - layered)}"
+
+
+def test_modules_import_only_their_own_layer_or_lower():
+    level = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+    wrong = [(m, d) for m, deps in package_graph().items() for d in deps if level[d] > level[m]]
+    assert not wrong, f"imports from a higher layer: {wrong}"
+
+
+def test_no_import_loops():
+    graph = package_graph()
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in graph[m]:
+            assert state.get(d) != 1, f"import loop: {' -> '.join([*stack, m, d])}"
+            if d not in state:
+                visit(d, [*stack, m])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])
+
+
+def test_no_function_runs_past_80_lines():
+    long = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "split these into named steps: " + "; ".join(long)
