@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -35,9 +34,10 @@ import torch  # noqa: E402
 
 import viz  # noqa: E402
 from fasteagle import files, trace  # noqa: E402
-from fasteagle.cli import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, default_budget, make_drafter  # noqa: E402
+from fasteagle.env import env  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
+from fasteagle.methods import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, Settings, build, default_budget  # noqa: E402
 from fasteagle.target import Target, load_target  # noqa: E402
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES  # noqa: E402
 from fasteagle.verify import SamplingParams  # noqa: E402
@@ -119,8 +119,8 @@ def _shown(p: Path) -> str:
 
 def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None) -> list[MethodSpec]:
     """Every method the app knows, with whether it can run here (trained weights present)."""
-    fe = Path(drafter_dir or os.environ.get("FASTEAGLE_DRAFTER") or DEFAULT_DRAFTER)
-    e3 = Path(eagle3_dir or os.environ.get("FASTEAGLE_EAGLE3_DRAFTER") or EAGLE3_DRAFTER)
+    fe = Path(drafter_dir or env().drafter or DEFAULT_DRAFTER)
+    e3 = Path(eagle3_dir or env().eagle3_drafter or EAGLE3_DRAFTER)
     fe_s, e3_s = _shown(fe), _shown(e3)
     return [
         MethodSpec("FastEagle", "fasteagle", fe, _has_weights(fe),
@@ -198,7 +198,7 @@ def _fits(m: MethodSpec, target: Target) -> MethodSpec:
     config, no weights loaded): the app then says so once at startup, not at every run."""
     if not m.available or m.drafter_dir is None:
         return m
-    from fasteagle.drafter import check_fingerprint, read_config
+    from fasteagle.draftbase import check_fingerprint, read_config
 
     try:
         check_fingerprint(read_config(m.drafter_dir)[1], target.model)
@@ -304,9 +304,9 @@ class Engine:
             return LookupDrafter()
         key = (m.key, str(m.drafter_dir))
         if key not in self._drafters:
-            args = SimpleNamespace(tree_k=None, tree_budget=req.tree_budget)
+            settings = Settings(tree_budget=req.tree_budget).with_drafter(m.key, m.drafter_dir)
             try:
-                self._drafters[key] = make_drafter(m.key, self.target, args, path=m.drafter_dir)
+                self._drafters[key] = build(m.key, self.target, settings)
                 self._default_k[key] = getattr(self._drafters[key], "tree_k", None)
             except FastEagleError:
                 raise
@@ -444,12 +444,12 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
     embedded model); `precompute`: decode first, then animate (always on ZeroGPU)."""
     global ENGINE
     if target is None:
-        target = load_target(os.environ.get("FASTEAGLE_TARGET") or None, os.environ.get("FASTEAGLE_DEVICE") or None,
-                             os.environ.get("FASTEAGLE_DTYPE") or None)
+        e = env()
+        target = load_target(e.target, e.device, e.dtype)
     engine = Engine(target, Path(drafter_dir) if drafter_dir else None, Path(eagle3_dir) if eagle3_dir else None)
     ENGINE = engine
     if precompute is None:
-        precompute = spaces is not None or os.environ.get("FASTEAGLE_PRECOMPUTE", "") not in ("", "0")
+        precompute = spaces is not None or env().precompute
     if spaces is None:
         engine.warmup()
     on_gpu = target.device.type == "cuda"

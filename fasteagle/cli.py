@@ -9,36 +9,7 @@ import sys
 from pathlib import Path
 
 from fasteagle.errors import FastEagleError, Parser, run_command
-
-DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
-DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
-# a trained drafter "+lookup" verifies its tree joined with prompt lookup's (fasteagle.hybrid);
-# "fasteagle-backbone" is the cascade with the paper's tree whatever --tree-shape says (to bench both);
-# "fasteagle-eager" runs its decode step op by op where "fasteagle" replays a CUDA graph (the same on a CPU);
-# "fasteagle-host-tree" replays the graph but builds the tree on the host from its top-k (as before the graph
-# built it), to time the two side by side
-METHODS = ("vanilla", "lookup", "fasteagle", "eagle3", "fasteagle+lookup", "eagle3+lookup", "fasteagle-backbone",
-           "fasteagle-eager", "fasteagle-host-tree")
-
-# Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
-# (bench/results/cpu-smollm2-135m-chat30-2026-11-27b.json: on that AVX-512 CPU trees of up to 12 nodes cost
-# about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-14 FastEagle drafter over
-# its 12288-token compact vocab is expected at 1.67x at 5 nodes, 1.68x at 6, 1.64x at 8, 1.52x at 12; joined
-# with lookup, 1.75x at 6).
-CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
-# On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
-# auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
-# the CPU-trained EAGLE-3-style drafter accepts so little that its curve is flat, so it keeps the paper's ~60.
-GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
-PAPER_BUDGET = 60  # the paper's tree size: a GPU's default for the others, and what `bench` verifies unless told
-MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
-
-
-def default_budget(method: str, on_gpu: bool) -> int:
-    """Tree nodes per step where none is asked for (generate, the app): the paper's 60 would make a CPU
-    decode slower than plain decoding, since there a 60-node forward costs about three one-token steps."""
-    key = method.removesuffix("-backbone").removesuffix("-eager").removesuffix("-host-tree")
-    return GPU_BUDGETS.get(key, PAPER_BUDGET) if on_gpu else CPU_BUDGETS.get(key, 8)
+from fasteagle.methods import ALIASES, DEFAULT_DRAFTER, DEFAULT_EAGLE3, METHODS, PAPER_BUDGET, STEP_MODES, Settings
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -77,86 +48,42 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-shape", dest="tree_shape", choices=TREE_SHAPES, default=DEFAULT_TREE_SHAPE,
                    help="fasteagle's tree: product (side branches continue, the default) or backbone (the paper's "
                         "constrained tree: side branches are leaves)")
+    p.add_argument("--step-mode", dest="step_mode", choices=STEP_MODES, default=None,
+                   help="how fasteagle's draft step runs: dynamic (op by op, a growing cache), static (fixed "
+                        "shapes) or graph (static, replayed as a CUDA graph). Default: graph on a GPU, dynamic "
+                        "elsewhere")
+    p.add_argument("--host-tree", dest="tree_on_device", action="store_const", const=False, default=None,
+                   help="build fasteagle's tree on the host from the CUDA graph's top-k (default: the graph builds "
+                        "it, sparing the step a round trip to the host)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
 
 
-def make_drafter(method: str, target, args, path: str | Path | None = None):
-    """The drafter object for a method name (None for vanilla); `path` overrides the directory that
-    `args` (--drafter / --eagle3-drafter) or the default gives."""
-    if method == "vanilla":
-        return None
-    check_tree_budget(target, getattr(args, "tree_budget", None))
-    if method == "lookup":
-        from fasteagle.lookup import LookupDrafter
+def make_drafter(method: str, target, args):
+    """The drafter for a method name (None for vanilla), set up by the command's flags: `method_settings`
+    into the registry (`fasteagle.methods.build`)."""
+    from fasteagle.methods import build
 
-        return LookupDrafter()
-    if method in ("fasteagle+lookup", "eagle3+lookup"):
-        from fasteagle.hybrid import WithLookup
-
-        return WithLookup(make_drafter(method.removesuffix("+lookup"), target, args, path))
-    if method == "fasteagle-backbone":
-        d = make_drafter("fasteagle", target, args, path)
-        d.tree_shape = "backbone"
-        return d
-    if method == "fasteagle-eager":
-        d = make_drafter("fasteagle", target, args, path)
-        d.step_mode = "dynamic"
-        return d
-    if method == "fasteagle-host-tree":
-        d = make_drafter("fasteagle", target, args, path)
-        d.tree_on_device = False
-        return d
-    if method in ("fasteagle", "eagle3"):
-        from fasteagle.drafter import CascadedDrafter
-        from fasteagle.eagle3 import AutoregressiveDrafter
-
-        cls = CascadedDrafter if method == "fasteagle" else AutoregressiveDrafter
-        default = DEFAULT_DRAFTER if method == "fasteagle" else DEFAULT_EAGLE3
-        path = path or getattr(args, "drafter" if method == "fasteagle" else "eagle3_drafter", None) or default
-        d = cls.load(path, target.model, getattr(args, "draft_int8", None))
-        if method == "fasteagle" and full_vocab_wanted(args, target.device):
-            d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
-        elif method == "fasteagle" and d.compact_vocab is not None:
-            d.shrink_vocab()
-        if getattr(args, "tree_k", None) is not None:
-            ks = parse_tree_k(args.tree_k)
-            if max(ks) > d.vocab_ids.numel():
-                raise FastEagleError(f"--tree-k {max(ks)} is more than the {d.vocab_ids.numel()} tokens this drafter "
-                                     "drafts from; give at most that")
-            d.tree_k = ks[0] if len(ks) == 1 or method == "eagle3" else ks
-        budget = getattr(args, "tree_budget", None)
-        d.tree_budget = default_budget(method, target.device.type == "cuda") if budget is None else budget
-        if method == "fasteagle" and getattr(args, "tree_shape", None):  # else the drafter's default
-            d.tree_shape = args.tree_shape
-        return d
-    raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return build(method, target, method_settings(args))
 
 
-def check_tree_budget(target, budget: int | None) -> None:
-    """A tree the target cannot verify on this device is refused before decoding starts."""
-    from fasteagle.generate import max_tree_nodes
-
-    if budget is not None and budget > (cap := max_tree_nodes(target)):
-        raise FastEagleError(f"--tree-budget {budget} is more than {target.name} can verify in one forward here "
-                             f"(at most {cap}: its positions and this device's free memory); the paper's tree "
-                             f"has {PAPER_BUDGET} nodes")
+def method_settings(args) -> Settings:
+    """The drafter settings the flags of `_add_method_args` give; a flag the command lacks is left to the default."""
+    k = getattr(args, "tree_k", None)
+    drafter, eagle3 = getattr(args, "drafter", None), getattr(args, "eagle3_drafter", None)
+    return Settings(tree_budget=getattr(args, "tree_budget", None),
+                    tree_k=tuple(parse_tree_k(k)) if k is not None else None,
+                    tree_shape=getattr(args, "tree_shape", None), full_vocab=getattr(args, "full_vocab", None),
+                    draft_int8=getattr(args, "draft_int8", None), step_mode=getattr(args, "step_mode", None),
+                    tree_on_device=getattr(args, "tree_on_device", None),
+                    drafter=Path(drafter) if drafter else None, eagle3_drafter=Path(eagle3) if eagle3 else None)
 
 
 def parse_tree_k(text) -> list[int]:
     """`--tree-k`: one top-k for every depth, or one per depth ("8,4,2"), each at least 1."""
     return int_list(str(text).replace(" ", ""), "--tree-k", 1)
-
-
-def full_vocab_wanted(args, device) -> bool:
-    """--full-vocab / --no-full-vocab, else on a GPU only: there the bigger head costs next to nothing
-    and the drafter can draft every reply token (a 6144-token vocab lacks ~10%); on a CPU the whole
-    head costs ~4 ms a step (README, "The draft vocabulary"), so there a drafter drafts over its compact
-    vocab (the one it was trained with, the one it grew from, or one `fasteagle.train.vocab` set) unless asked."""
-    wanted = getattr(args, "full_vocab", None)
-    return device.type == "cuda" if wanted is None else bool(wanted)
 
 
 def cmd_generate(args) -> int:
@@ -322,7 +249,7 @@ def _bench_prompts(args) -> tuple[list[str], list[str], list[dict]]:
         raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
     names = _names(args.methods)
     known = (*bench.HF_METHODS, *METHODS)
-    unknown = [m for m in names if m not in known]
+    unknown = [m for m in names if m not in known and m not in ALIASES]  # aliases: recorded results cite them
     if unknown:
         raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
     if "vanilla" not in names:
@@ -345,7 +272,7 @@ def _bench_setup(args, names: list[str], prompts: list[dict], prompt_files: list
                 "seed": args.seed,
                 "tree_k": args.tree_k or {m: d.tree_k for m, d in methods.items() if hasattr(d, "tree_k")},
                 "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
-                "full_vocab": full_vocab_wanted(args, target.device), "dtype": str(target.dtype),
+                "full_vocab": method_settings(args).wants_full_vocab(target.device), "dtype": str(target.dtype),
                 "packed_linears": target.packed,
                 "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
                 "drafters": _drafter_summaries(methods)}
@@ -600,7 +527,7 @@ def _check_args(args) -> None:
             args.prompt.encode("utf-8")
         except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
             raise FastEagleError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
-    from fasteagle.drafter import peek
+    from fasteagle.draftbase import peek
 
     for path in _drafter_dirs(args):
         peek(path)

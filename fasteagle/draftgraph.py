@@ -20,24 +20,24 @@ the whole step runs eagerly: the tests compare it with the dynamic step that way
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 
+from fasteagle.env import env
 from fasteagle.kvcache import ContextOverflowError, aligned
 from fasteagle.tree import product_fixed
 
 
 def graphs_wanted(device: torch.device) -> bool:
     """CUDA graphs for the drafter step on a GPU, unless FASTEAGLE_DRAFT_GRAPH=0."""
-    return device.type == "cuda" and os.environ.get("FASTEAGLE_DRAFT_GRAPH", "1") != "0"
+    return device.type == "cuda" and env().draft_graph
 
 
 def device_tree_wanted() -> bool:
     """The graph builds the product tree too, unless FASTEAGLE_DEVICE_TREE=0 (then the host builds it
     from the top-k: the same tree, for comparing the two)."""
-    return os.environ.get("FASTEAGLE_DEVICE_TREE", "1") != "0"
+    return env().device_tree
 
 
 class StaticKV:
@@ -60,6 +60,8 @@ class StaticKV:
 
 class DraftStep:
     """`extend` + per-depth top-k of a `CascadedDrafter` over a `StaticKV`, optionally as a CUDA graph.
+    It uses the drafter's public interface only: `cfg`, `device`, `dtype`, `num_depths`, `hidden`,
+    `depth_probs`, `vocab_ids` and `inference_tensors`.
 
     `length` counts the accepted positions held (the prefix end); `last` and `topk` hold the last
     step's outputs: each active layer's output at the last accepted position, and (2, layers, k)
@@ -70,7 +72,7 @@ class DraftStep:
 
     def __init__(self, drafter, capacity: int, layers: int, k: int, graph: bool, tree: tuple | None = None):
         cfg = drafter.cfg
-        dev, dtype = drafter.fc.weight.device, drafter.fc.weight.dtype
+        dev, dtype = drafter.device, drafter.dtype
         self.drafter, self.layers, self.k, self.graph, self.tree_spec = drafter, layers, k, graph, tree
         self.rows = drafter.num_depths + 1  # the root plus one accepted node per depth
         # aligned columns, so the mask's rows are aligned for CUDA's attention (see `kvcache.attention_mask`)
@@ -94,14 +96,18 @@ class DraftStep:
         self._graph_key: tuple | None = None
 
     def fits(self, capacity: int, layers: int, k: int, tree: tuple | None = None) -> bool:
-        w = self.drafter.fc.weight
+        d = self.drafter
         return (capacity <= self.capacity and layers == self.layers and k == self.k and tree == self.tree_spec
-                and (w.dtype, w.device) == (self.in_feats.dtype, self.in_feats.device))
+                and (d.dtype, d.device) == (self.in_feats.dtype, self.in_feats.device))
 
     def reset(self, limit: int | None = None) -> None:
         self.length = 0
         self.limit = self.capacity if limit is None else min(limit, self.capacity)
         self.last = self.topk = self.tree = None
+
+    def rewind(self, length: int) -> None:
+        """Forget every position from `length` on."""
+        self.length = min(self.length, length)
 
     def forward(self, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, last: torch.Tensor):
         """Rows `ids` (1, R) with target features `feats` (1, R, F) at positions `pos` (R,): write their
@@ -163,13 +169,7 @@ class DraftStep:
     def _weights_key(self) -> tuple:
         """Where the tensors the graph reads live: a graph replays raw addresses, so weights moved,
         merged again, or a vocabulary changed since the capture need a new one."""
-        d = self.drafter
-        fused = d.fused_layers()
-        for f in fused:
-            f._refresh()
-        tensors = [*d.parameters(), *d.buffers(), d.head_weight(), d._frozen[0].weight,
-                   *(m.weight for f in fused for m in (f.qkv, f.gate_up))]
-        return tuple(t.data_ptr() for t in tensors)
+        return tuple(t.data_ptr() for t in self.drafter.inference_tensors())
 
     def _capture(self, args) -> None:
         """Warm up on a side stream (lazy initialisations, cuBLAS workspaces), then record the step.

@@ -6,7 +6,7 @@
 
 Training-time test (TTT): the layer is unrolled for `depth` steps over whole sequences, each step
 fed the previous step's outputs, so training sees what drafting sees; step a's loss is the same
-layer-wise loss as the cascade's depth a (`CascadedDrafter.loss`). Drafting grows an EAGLE-2
+layer-wise loss as the cascade's depth a (`DrafterBase.loss`). Drafting grows an EAGLE-2
 dynamic tree: per depth expand the top-k frontier nodes by cumulative log-probability, then a
 global rerank keeps the best `tree_budget - 1` nodes.
 
@@ -23,13 +23,13 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from fasteagle.drafter import CascadedDrafter, DrafterConfig
-from fasteagle.kvcache import attention_mask, causal_ancestors
+from fasteagle.draftbase import DrafterBase, DrafterConfig, reuse_cache
+from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.tree import DraftTree, dynamic
 
 
-class AutoregressiveDrafter(CascadedDrafter):
-    """EAGLE-3 style drafter; shares config, vocab, head, save/load with the cascade."""
+class AutoregressiveDrafter(DrafterBase):
+    """EAGLE-3 style drafter: one decoder layer, run once per depth."""
 
     KIND = "eagle3"
 
@@ -37,15 +37,22 @@ class AutoregressiveDrafter(CascadedDrafter):
         if cfg.num_layers != 1:
             raise ValueError("the EAGLE-3-style drafter has exactly one decoder layer (num_layers=1)")
         super().__init__(cfg)
-        w = cfg.width
-        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden, w, bias=False)
-        self.in_proj = nn.Linear(cfg.target_hidden + w, w, bias=False)
-        self.norm_embed = LlamaRMSNorm(cfg.target_hidden, eps=cfg.rms_norm_eps)
+        w, h = cfg.width, cfg.target_hidden
+        self.register_module("fc", None)  # made below, first in the parameter order all the same
+        # A seed's first draws go to a cascade-shaped input layer, made and dropped here: so a seed gives
+        # the initial weights the shipped drafter and the recorded traces (tests/golden) were made from.
+        spare = nn.Linear(len(cfg.feature_layers) * h + h, w, bias=False)
+        self._add_decoder()
+        nn.init.normal_(spare.weight, std=0.02)
+        self.apply(self._init)
+        self.fc = nn.Linear(len(cfg.feature_layers) * h, w, bias=False)
+        self.in_proj = nn.Linear(h + w, w, bias=False)
+        self.norm_embed = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
         self.norm_g = LlamaRMSNorm(w, eps=cfg.rms_norm_eps)
         nn.init.normal_(self.fc.weight, std=0.02)
         nn.init.normal_(self.in_proj.weight, std=0.02)
-        self.tree_k = 10
-        self.tree_budget = 60
+        self.cache: KVCache | None = None
+        self.last: torch.Tensor | None = None  # the layer's output at the last accepted position (W,)
 
     @classmethod
     def config_for(cls, base: DrafterConfig, depth: int = 7) -> DrafterConfig:
@@ -62,7 +69,7 @@ class AutoregressiveDrafter(CascadedDrafter):
     def step(self, g: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor | None, cache) -> torch.Tensor:
         """One pass of the layer: g (B, T, W) with the embeddings of next_ids (B, T)."""
-        e = self._frozen[0](next_ids).to(g.dtype)
+        e = self.embed(next_ids).to(g.dtype)
         x = self.in_proj(torch.cat([self.norm_embed(e), self.norm_g(g)], -1))
         pe = self.rotary(x, position_ids)
         return self.run_layer(0, x, position_ids, pe, mask, cache)
@@ -93,8 +100,13 @@ class AutoregressiveDrafter(CascadedDrafter):
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:
-        self._reuse_cache(1, capacity + self.cfg.depth * self._max_k())  # room for the draft's own temporary rows
+        room = capacity + self.cfg.depth * self.max_k  # the draft's own temporary rows too
+        self.cache = reuse_cache(self.cache, 1, room, self.dtype, self.device)
         self.last = None
+
+    def rewind(self, length: int) -> None:
+        """Forget every position from `length` on (a benchmark repeating one step)."""
+        self.cache.truncate(length)
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
@@ -112,7 +124,7 @@ class AutoregressiveDrafter(CascadedDrafter):
     @torch.no_grad()
     def draft(self, root: int) -> DraftTree:
         """EAGLE-2 dynamic tree: one layer pass per depth over the k best frontier nodes."""
-        k, dev = self._max_k(), self.last.device
+        k, dev = self.max_k, self.last.device
         prefix = self.cache.length
         logp = F.log_softmax(self.head(self.last, 1).float(), -1)
         top_lp, top_i = logp.topk(k)

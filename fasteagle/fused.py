@@ -34,7 +34,7 @@ class FusedLayer:
         a, m = self.layer.self_attn._modules, self.layer.mlp._modules
         return a["q_proj"], a["k_proj"], a["v_proj"], m["gate_proj"], m["up_proj"]
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         """(Re)build the merged weights when a source changed since: its weight (training, `.to`,
         loading) or its kind (`pack_linears` swapped it for a prepacked or int8 one). Checked on
         every call, so it reads plain attributes only (a few microseconds, not tens)."""
@@ -55,7 +55,7 @@ class FusedLayer:
                  mask: torch.Tensor | None, cache=None) -> torch.Tensor:
         """The stock layer's output for x (B, T, W), attending to `cache`'s rows and x's own under
         the additive 4D `mask` (None: causal within x), writing x's keys/values into `cache`."""
-        self._refresh()
+        self.refresh()
         layer = self.layer
         attn, mlp = layer.self_attn, layer.mlp
         b, t, _ = x.shape

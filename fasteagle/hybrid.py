@@ -15,11 +15,31 @@ from fasteagle.lookup import LookupDrafter
 from fasteagle.trace import LOOKUP_SOURCE  # the `sources` value of nodes only lookup proposed
 from fasteagle.tree import DraftTree, merge
 
-_OWN = ("drafter", "lookup", "feature_layers", "last_lookup")  # attributes of the wrapper itself
+
+def _wrapped(name: str, settable: bool = True) -> property:
+    """The wrapped drafter's attribute `name`, read (and, if `settable`, set) through the wrapper."""
+    def get(self):
+        return getattr(self.drafter, name)
+
+    def put(self, value) -> None:
+        setattr(self.drafter, name, value)
+
+    return property(get, put if settable else None, doc=f"The wrapped drafter's `{name}`.")
 
 
 class WithLookup:
-    """Wraps a drafter (the cascade or the EAGLE-3-style one) and adds prompt lookup's branches."""
+    """Wraps a drafter (the cascade or the EAGLE-3-style one) and adds prompt lookup's branches.
+
+    Only the attributes below reach the wrapped drafter (`.drafter` holds it): the tree settings
+    the bench and the app set, and what a result records of a trained drafter."""
+
+    tree_budget = _wrapped("tree_budget")
+    tree_k = _wrapped("tree_k")
+    tree_shape = _wrapped("tree_shape")
+    info = _wrapped("info", settable=False)
+    path = _wrapped("path", settable=False)
+    packing = _wrapped("packing", settable=False)
+    vocab_ids = _wrapped("vocab_ids", settable=False)
 
     def __init__(self, drafter, lookup: LookupDrafter | None = None):
         self.drafter = drafter
@@ -28,23 +48,12 @@ class WithLookup:
         self.feature_layers = tuple(drafter.feature_layers)
         self.last_lookup: DraftTree | None = None
 
-    def __getattr__(self, name):  # tree_budget, tree_k, cfg, info, path...: the wrapped drafter's
-        if name in _OWN:  # not set yet (during __init__)
-            raise AttributeError(name)
-        return getattr(self.drafter, name)
-
-    def __setattr__(self, name, value):
-        if name in _OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.drafter, name, value)
-
     def reset(self, capacity: int) -> None:
         self.drafter.reset(capacity)
         self.lookup.reset(capacity)
 
     def rewind(self, length: int) -> None:
-        """Both drafters forget the positions from `length` on (`__getattr__` would reach the wrapped one only)."""
+        """Both drafters forget the positions from `length` on."""
         self.drafter.rewind(length)
         self.lookup.rewind(length)
 

@@ -25,11 +25,12 @@ apply: another device or dtype, autograd, or a weight changed in place since the
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fasteagle.env import env
 
 
 @functools.cache
@@ -55,13 +56,13 @@ def int8_available() -> bool:
 
 def wanted(device: torch.device, dtype: torch.dtype) -> bool:
     """Pack by default for fp32 on the CPU; FASTEAGLE_PACK=0 turns it off (to compare, or to save memory)."""
-    return device.type == "cpu" and dtype == torch.float32 and os.environ.get("FASTEAGLE_PACK", "1") != "0" \
+    return device.type == "cpu" and dtype == torch.float32 and env().pack \
         and available()
 
 
 def int8_wanted() -> bool:
     """Int8 drafter weights by default wherever drafters are packed; FASTEAGLE_DRAFT_INT8=0 keeps fp32."""
-    return os.environ.get("FASTEAGLE_DRAFT_INT8", "1") != "0" and int8_available()
+    return env().draft_int8 and int8_available()
 
 
 def weight_stamp(w: torch.Tensor) -> tuple:

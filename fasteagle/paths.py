@@ -7,19 +7,19 @@ dependencies are not wanted), then extract only the member we need into the cach
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from fasteagle.env import env
 from fasteagle.errors import FastEagleError
 
 
 def cache_dir() -> Path:
     """The cache root: $FASTEAGLE_CACHE, else ~/.cache/fasteagle."""
-    root = Path(os.environ.get("FASTEAGLE_CACHE", Path.home() / ".cache" / "fasteagle")).expanduser()
+    root = env().cache
     root.mkdir(parents=True, exist_ok=True)
     return root
 

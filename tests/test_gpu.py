@@ -104,7 +104,7 @@ def test_the_drafter_step_replays_as_a_cuda_graph(gpu, args):
     want, _ = run(gpu, prompt, max_new_tokens=24, stop_ids=set())
     drafters = {m: make_drafter("fasteagle", gpu, args) for m in ("dynamic", mode)}
     drafters["dynamic"].step_mode = "dynamic"
-    assert drafters[mode].mode() == mode or mode == "static"
+    assert drafters[mode].state.mode() == mode or mode == "static"
     drafters[mode].step_mode = mode
     for d in drafters.values():
         assert run(gpu, prompt, drafter=d, max_new_tokens=24, stop_ids=set())[0] == want
@@ -112,13 +112,13 @@ def test_the_drafter_step_replays_as_a_cuda_graph(gpu, args):
         sampled, _ = run(gpu, prompt, drafter=d, max_new_tokens=24, stop_ids=set(), sampling=SamplingParams(0.7, 0.9),
                          seed=3)
         assert len(sampled) == 24 and all(0 <= t < 320 for t in sampled)
-    step = drafters[mode].fixed_step
+    step = drafters[mode].state.step
     assert step is not None and step.length > 0
     if mode == "graph":
         graph = step._graph
         assert graph is not None and step.tree_spec is not None  # the graph builds the tree too
         run(gpu, prompt, drafter=drafters[mode], max_new_tokens=24, stop_ids=set())
-        assert drafters[mode].fixed_step._graph is graph  # captured once, replayed ever since
+        assert drafters[mode].state.step._graph is graph  # captured once, replayed ever since
 
 
 def test_the_graph_builds_the_hosts_tree(gpu, args, monkeypatch):
@@ -133,7 +133,7 @@ def test_the_graph_builds_the_hosts_tree(gpu, args, monkeypatch):
         d.step_mode = mode
         d.tree_on_device = None if mode == "graph" else on == "1"
         replies[on] = run(gpu, prompt, drafter=d, max_new_tokens=24, stop_ids=set())
-        assert (d.fixed_step.tree_spec is not None) == (on == "1")
+        assert (d.state.step.tree_spec is not None) == (on == "1")
     assert replies["1"][0] == replies["0"][0]
     assert [t.tree for t in replies["1"][1][1:]] == [t.tree for t in replies["0"][1][1:]]
 

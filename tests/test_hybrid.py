@@ -40,12 +40,17 @@ def test_greedy_lossless_with_lookup(targets, shape, depth, k, budget):  # noqa:
     assert from_lookup > 0  # the tiny random model repeats itself: lookup's own branches get accepted
 
 
-def test_the_wrapper_passes_settings_through():
+def test_the_wrapper_passes_the_tree_settings_through_and_nothing_else():
     inner = RandomDrafter(TINY_VOCAB, "backbone", 4, 3, 8)
+    inner.tree_budget, inner.tree_k = 8, 3
     d = WithLookup(inner, LookupDrafter(max_ngram=2))
-    d.budget = 5
-    assert inner.budget == 5 and d.budget == 5 and d.lookup.max_ngram == 2
-    assert d.feature_layers == ()
+    d.tree_budget, d.tree_k = 5, [3, 2]
+    assert (inner.tree_budget, inner.tree_k) == (d.tree_budget, d.tree_k) == (5, [3, 2])
+    assert d.lookup.max_ngram == 2 and d.feature_layers == ()
+    d.budget = 6  # not a setting of the wrapper's: it stays on the wrapper, the wrapped drafter keeps its own
+    assert inner.budget == 8 and not hasattr(d, "shape") and not hasattr(d, "info")
+    with pytest.raises(AttributeError):
+        d.info = {}
 
 
 def test_lookup_nodes_extend_the_inner_tree():

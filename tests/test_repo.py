@@ -81,7 +81,7 @@ def test_shipped_fasteagle_drafter_keeps_a_compact_vocab_for_cpus():
     "The draft vocabulary"), so the weights must carry both."""
     from safetensors import safe_open
 
-    from fasteagle.drafter import COMPACT_VOCAB_KEY
+    from fasteagle.draftbase import COMPACT_VOCAB_KEY
 
     with safe_open(ROOT / "assets/drafters/smollm2-135m-fasteagle/model.safetensors", "pt") as f:
         assert f.get_slice("vocab_ids").get_shape() == [49152]

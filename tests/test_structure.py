@@ -12,8 +12,8 @@ MAX_LINES = 80
 
 # Lower layers first; a module may import its own layer's and lower ones, never a higher one.
 LAYERS = [
-    {"fasteagle", "fasteagle.errors", "fasteagle.fields", "fasteagle.files", "fasteagle.trace", "fasteagle.packing",
-     "fasteagle.tree"},
+    {"fasteagle", "fasteagle.env", "fasteagle.errors", "fasteagle.fields", "fasteagle.files", "fasteagle.trace",
+     "fasteagle.packing", "fasteagle.tree"},
     {"fasteagle.paths", "fasteagle.kvcache", "fasteagle.fused", "fasteagle.lookup"},
     {"fasteagle.target", "fasteagle.verify", "fasteagle.draftgraph", "fasteagle.draftbase"},
     {"fasteagle.drafter", "fasteagle.eagle3", "fasteagle.generate"},

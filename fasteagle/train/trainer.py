@@ -18,10 +18,11 @@ import torch
 from tqdm.auto import tqdm
 
 from fasteagle import trace
-from fasteagle.drafter import CascadedDrafter, DrafterConfig, load_drafter
+from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
 from fasteagle.fields import check_types
 from fasteagle.files import check_writable, write_text
+from fasteagle.methods import load_drafter
 from fasteagle.train.teacher import (
     PROMPT_TAIL,
     Batch,

@@ -87,7 +87,7 @@ def test_an_interrupted_rewrite_keeps_the_drafter_loadable(tiny, tmp_path, monke
 
     import safetensors.torch
 
-    from fasteagle import drafter as drafter_mod
+    from fasteagle import draftbase
 
     d = make(tiny)
     d.compact_vocab = torch.tensor([1, 2])
@@ -112,7 +112,7 @@ def test_an_interrupted_rewrite_keeps_the_drafter_loadable(tiny, tmp_path, monke
     elif cut == "while renaming":
         monkeypatch.setattr(os, "replace", interrupt)
     else:
-        monkeypatch.setattr(drafter_mod, "write_text", interrupt)
+        monkeypatch.setattr(draftbase, "write_text", interrupt)
     assert vocab.main([str(tmp_path / "d"), "--size", "4", "--data", str(tmp_path / "r.pt")]) == 130
     monkeypatch.undo()
     e = CascadedDrafter.load(tmp_path / "d")

@@ -1,0 +1,198 @@
+"""The one registry from a decoding method's name and its settings to the drafter that decodes with it.
+
+    build("fasteagle", target, Settings(tree_budget=24))  ->  a loaded CascadedDrafter, set up
+    build("vanilla", target)                              ->  None (plain decoding)
+
+The CLI (`cli.make_drafter`, from its flags), the app and the benchmark all build drafters here, so
+a setting means the same everywhere and a default (`Settings`, `default_budget`) is chosen once per
+device. A few older method names (`ALIASES`) are a method with one setting changed: results on disk
+cite them. `load_drafter` loads whichever kind of trained drafter a folder holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fasteagle.errors import FastEagleError
+
+DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
+DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
+
+# Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
+# (bench/results/cpu-smollm2-135m-chat30-2026-11-27b.json: on that AVX-512 CPU trees of up to 12 nodes cost
+# about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-14 FastEagle drafter over
+# its 12288-token compact vocab is expected at 1.67x at 5 nodes, 1.68x at 6, 1.64x at 8, 1.52x at 12; joined
+# with lookup, 1.75x at 6).
+CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
+# On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
+# auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
+# the CPU-trained EAGLE-3-style drafter accepts so little that its curve is flat, so it keeps the paper's ~60.
+GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
+PAPER_BUDGET = 60  # the paper's tree size: a GPU's default for the others, and what `bench` verifies unless told
+MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
+
+STEP_MODES = ("dynamic", "static", "graph")  # `drafter.CascadeState.step_mode`
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a method's drafter is set up. None leaves the choice to the device the target is on (or,
+    where said, to the drafter); settings a method has no use for are ignored."""
+
+    tree_budget: int | None = None  # tree nodes verified per step, root included (None: `default_budget`)
+    tree_k: tuple[int, ...] | None = None  # top-k, one for every depth or one per depth (None: the drafter's own)
+    tree_shape: str | None = None  # fasteagle's tree: "product" or "backbone" (None: the drafter's own, product)
+    full_vocab: bool | None = None  # fasteagle drafts over the whole vocabulary, not its compact one (None: on a GPU)
+    draft_int8: bool | None = None  # int8 weights for CPU-packed drafters (None: yes unless FASTEAGLE_DRAFT_INT8=0)
+    step_mode: str | None = None  # fasteagle's decode step, one of STEP_MODES (None: "graph" on a GPU, else "dynamic")
+    tree_on_device: bool | None = None  # fasteagle's fixed step builds its own tree (None: in a CUDA graph)
+    drafter: Path | None = None  # the FastEagle drafter folder (None: DEFAULT_DRAFTER)
+    eagle3_drafter: Path | None = None  # the EAGLE-3-style drafter folder (None: DEFAULT_EAGLE3)
+
+    def __post_init__(self):
+        from fasteagle.tree import TREE_SHAPES
+
+        if self.tree_budget is not None and self.tree_budget < 2:
+            raise FastEagleError("--tree-budget must be at least 2 (the root and one drafted node)")
+        if self.tree_k is not None and (not self.tree_k or min(self.tree_k) < 1):
+            raise FastEagleError(f"every --tree-k value must be at least 1 (got {self.tree_k})")
+        if self.tree_shape not in (None, *TREE_SHAPES):
+            raise FastEagleError(f"unknown tree shape {self.tree_shape!r}; choose one of {', '.join(TREE_SHAPES)}")
+        if self.step_mode not in (None, *STEP_MODES):
+            raise FastEagleError(f"unknown step mode {self.step_mode!r}; choose one of {', '.join(STEP_MODES)}")
+
+    def budget(self, method: str, device) -> int:
+        """The tree budget `method` drafts with on `device`."""
+        return default_budget(method, device.type == "cuda") if self.tree_budget is None else self.tree_budget
+
+    def wants_full_vocab(self, device) -> bool:
+        """`full_vocab`, else on a GPU only: there the bigger head costs next to nothing and the drafter
+        can draft every reply token (a 6144-token vocab lacks ~10%); on a CPU the whole head costs ~4 ms
+        a step (README, "The draft vocabulary"), so there a drafter drafts over its compact vocab (the
+        one it was trained with, the one it grew from, or one `fasteagle.train.vocab` set) unless asked."""
+        return device.type == "cuda" if self.full_vocab is None else bool(self.full_vocab)
+
+    def with_drafter(self, method: str, path: str | Path | None) -> Settings:
+        """These settings with `path` as the folder of the trained drafter `method` loads (if it loads one)."""
+        name = PATH_SETTING.get(canonical(method))
+        return replace(self, **{name: Path(path)}) if name and path is not None else self
+
+
+def default_budget(method: str, on_gpu: bool) -> int:
+    """Tree nodes per step where none is asked for (generate, the app): the paper's 60 would make a CPU
+    decode slower than plain decoding, since there a 60-node forward costs about three one-token steps."""
+    key = ALIASES.get(method, (method,))[0]
+    return GPU_BUDGETS.get(key, PAPER_BUDGET) if on_gpu else CPU_BUDGETS.get(key, 8)
+
+
+def check_tree_budget(target, budget: int | None) -> None:
+    """A tree the target cannot verify on this device is refused before decoding starts."""
+    from fasteagle.generate import max_tree_nodes
+
+    if budget is not None and budget > (cap := max_tree_nodes(target)):
+        raise FastEagleError(f"--tree-budget {budget} is more than {target.name} can verify in one forward here "
+                             f"(at most {cap}: its positions and this device's free memory); the paper's tree "
+                             f"has {PAPER_BUDGET} nodes")
+
+
+def build(method: str, target, settings: Settings | None = None):
+    """The drafter `method` decodes with on `target`, set up by `settings` (None for vanilla)."""
+    settings = settings or Settings()
+    if method in ALIASES:
+        settings = replace(settings, **ALIASES[method][1])
+    method = canonical(method)
+    if method != "vanilla":
+        check_tree_budget(target, settings.tree_budget)
+    return REGISTRY[method](target, settings)
+
+
+def canonical(method: str) -> str:
+    """The method an alias stands for (a method's own name for itself)."""
+    if method in ALIASES:
+        return ALIASES[method][0]
+    if method not in REGISTRY:
+        raise FastEagleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return method
+
+
+def _lookup(target, s: Settings):
+    from fasteagle.lookup import LookupDrafter
+
+    return LookupDrafter()
+
+
+def _fasteagle(target, s: Settings):
+    from fasteagle.drafter import CascadedDrafter
+
+    d = CascadedDrafter.load(s.drafter or DEFAULT_DRAFTER, target.model, s.draft_int8)
+    if s.wants_full_vocab(target.device):
+        d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
+    elif d.compact_vocab is not None:
+        d.shrink_vocab()
+    _set_tree(d, "fasteagle", target, s, per_depth=True)
+    if s.tree_shape:  # else the drafter's default
+        d.tree_shape = s.tree_shape
+    d.step_mode, d.tree_on_device = s.step_mode, s.tree_on_device
+    return d
+
+
+def _eagle3(target, s: Settings):
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    d = AutoregressiveDrafter.load(s.eagle3_drafter or DEFAULT_EAGLE3, target.model, s.draft_int8)
+    _set_tree(d, "eagle3", target, s, per_depth=False)  # its dynamic tree takes one k
+    return d
+
+
+def _set_tree(d, method: str, target, s: Settings, per_depth: bool) -> None:
+    """The tree's top-k (capped by the draft vocab) and budget."""
+    if s.tree_k is not None:
+        ks = list(s.tree_k)
+        if max(ks) > d.vocab_ids.numel():
+            raise FastEagleError(f"--tree-k {max(ks)} is more than the {d.vocab_ids.numel()} tokens this drafter "
+                                 "drafts from; give at most that")
+        d.tree_k = ks[0] if len(ks) == 1 or not per_depth else ks
+    d.tree_budget = s.budget(method, target.device)
+
+
+def _with_lookup(method: str):
+    """A builder of `method`'s drafter joined with prompt lookup (`fasteagle.hybrid`)."""
+    def joined(target, s: Settings):
+        from fasteagle.hybrid import WithLookup
+
+        return WithLookup(REGISTRY[method](target, s))
+    return joined
+
+
+REGISTRY = {
+    "vanilla": lambda target, s: None,
+    "lookup": _lookup,
+    "fasteagle": _fasteagle,
+    "eagle3": _eagle3,
+    "fasteagle+lookup": _with_lookup("fasteagle"),  # the trained drafter's tree joined with lookup's
+    "eagle3+lookup": _with_lookup("eagle3"),
+}
+METHODS = tuple(REGISTRY)
+ALIASES = {  # older names: fasteagle with one setting changed, to time the two side by side
+    "fasteagle-backbone": ("fasteagle", {"tree_shape": "backbone"}),  # the paper's tree, whatever tree_shape says
+    "fasteagle-eager": ("fasteagle", {"step_mode": "dynamic"}),  # op by op where fasteagle replays a CUDA graph
+    "fasteagle-host-tree": ("fasteagle", {"tree_on_device": False}),  # the graph's tree built on the host
+}
+PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3": "eagle3_drafter",
+                "eagle3+lookup": "eagle3_drafter"}  # the Settings field naming the folder a method loads
+
+
+def load_drafter(path: str | Path, target_model=None, int8: bool | None = None):
+    """Load whichever kind of drafter `path` holds (FastEagle cascade or EAGLE-3 style); with
+    `target_model`, attached to it (`DrafterBase.load`)."""
+    from fasteagle.draftbase import read_config
+    from fasteagle.drafter import CascadedDrafter
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    cfg_file = Path(path) / "config.json"
+    kind = read_config(path)[0].get("kind", "fasteagle") if cfg_file.exists() else "fasteagle"
+    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter)}.get(kind)
+    if cls is None:
+        raise FastEagleError(f"{path} holds an unknown drafter kind {kind!r}")
+    return cls.load(path, target_model, int8)
