@@ -99,7 +99,7 @@ CSS = """
 @dataclass
 class MethodSpec:
     label: str
-    key: str  # fasteagle.cli.make_drafter method name
+    key: str  # a fasteagle.methods method name
     drafter_dir: Path | None  # None: needs no trained weights
     available: bool
     note: str = ""
@@ -437,7 +437,352 @@ def step_markdown(tr: dict, label_decode: Callable[[list[int]], str], n_steps: i
             + (f" · finished: {tr['finished']}" if tr.get("finished") else ""))
 
 
-# -- the UI -----------------------------------------------------------------------------------------
+# -- the UI: layout ---------------------------------------------------------------------------------
+@dataclass
+class UI:
+    """The page's components: a run's settings, then what a run shows, then the trace file buttons."""
+
+    prompt: gr.Textbox
+    method: gr.Radio
+    temperature: gr.Slider
+    max_new: gr.Slider
+    tree_k: gr.Textbox
+    budget: gr.Slider
+    tree_shape: gr.Radio
+    seed: gr.Number
+    run_btn: gr.Button
+    spec_stats: gr.Markdown
+    spec_reply: gr.HTML
+    van_stats: gr.Markdown
+    van_reply: gr.HTML
+    badge: gr.HTML
+    tree_plot: gr.Plot
+    step_slider: gr.Slider
+    step_info: gr.Markdown
+    summary: gr.Markdown
+    hist_plot: gr.Plot
+    depth_plot: gr.Plot
+    time_plot: gr.Plot
+    download: gr.DownloadButton
+    upload: gr.UploadButton
+    run_state: gr.State  # the run on screen (its record, as `viz.make_run_file` makes it), or None
+
+    @property
+    def run_inputs(self) -> list:
+        return [self.prompt, self.method, self.temperature, self.max_new, self.tree_k, self.budget, self.seed,
+                self.tree_shape, self.run_state]
+
+    @property
+    def outputs(self) -> list:
+        """Everything a finished run or a replayed file sets, in the order of the API's outputs."""
+        return [self.spec_stats, self.spec_reply, self.van_stats, self.van_reply, self.badge, self.tree_plot,
+                self.step_slider, self.step_info, self.summary, self.hist_plot, self.depth_plot, self.time_plot,
+                self.download, self.run_state]
+
+
+def layout(engine: Engine) -> UI:
+    """Every component, in page order (inside a gr.Blocks): the title, a warning when FastEagle has
+    no drafter, the settings beside the replies and the tree, the run's charts, the trace file
+    buttons and the explainer."""
+    target = engine.target
+    gr.Markdown("# FastEagle: speculative decoding, step by step\n"
+                f"Target **{target.name}** · " + device_text(target))
+    missing = [m for m in engine.methods if not m.available and m.key == "fasteagle"]
+    if missing:
+        gr.Markdown(f"⚠️ **FastEagle is not available:** {missing[0].note}", elem_id="drafter-warning")
+    run_state = gr.State(None)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            settings = _settings(engine)
+        with gr.Column(scale=3):
+            shown = _run_view()
+    summary = gr.Markdown("", elem_id="summary")
+    with gr.Row():
+        hist_plot = gr.Plot(value=viz.empty_figure("accepted length per step", 280), show_label=False,
+                            elem_id="hist-plot")
+        depth_plot = gr.Plot(value=viz.empty_figure("acceptance per depth", 280), show_label=False,
+                             elem_id="depth-plot")
+        time_plot = gr.Plot(value=viz.empty_figure("draft vs verify time", 280), show_label=False,
+                            elem_id="time-plot")
+    with gr.Row():
+        download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
+        upload = gr.UploadButton("Replay a trace file…", file_types=[".json"], type="filepath", elem_id="upload")
+    with gr.Accordion("How it works (for students)", open=False):
+        gr.Markdown(EXPLAINER)
+    return UI(**settings, **shown, summary=summary, hist_plot=hist_plot, depth_plot=depth_plot,
+              time_plot=time_plot, download=download, upload=upload, run_state=run_state)
+
+
+def _settings(engine: Engine) -> dict[str, Any]:
+    """The left column: the prompt and every setting of a run, and the Run button."""
+    on_gpu = engine.target.device.type == "cuda"
+    methods = [m.label for m in engine.available]
+    prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
+                        placeholder="Ask something, or pick an example below")
+    gr.Examples(examples=[[p] for p in prompt_examples()], inputs=[prompt], label="Examples",
+                examples_per_page=8)
+    method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method")
+    temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+    max_new = gr.Slider(1, MAX_NEW_TOKENS, value=64 if not on_gpu else 128, step=1,
+                        label="Max new tokens", elem_id="max-new")
+    with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
+        tree_k = gr.Textbox(value="", label="Top-k per depth",
+                            placeholder="each drafter's own: FastEagle 32, EAGLE-3 10",
+                            info="one number, or one per depth: 8,4,2; empty: each drafter's own "
+                                 "(what the benchmarks used)")
+        budget = gr.Slider(2, MAX_BUDGET, value=default_budget(engine.available[0].key, on_gpu), step=1,
+                           label="Node budget", elem_id="budget",
+                           info="tree nodes the drafter verifies per step, root included "
+                                "(lookup's branches come on top)")
+        tree_shape = gr.Radio([("side branches continue", "product"),
+                               ("paper's backbone (side leaves)", "backbone")], value=DEFAULT_TREE_SHAPE,
+                              label="Tree shape (FastEagle)", elem_id="tree-shape",
+                              info="both keep the most probable nodes; the paper's lets nothing grow "
+                                   "below a runner-up")
+    seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
+    run_btn = gr.Button("Run", variant="primary", elem_id="run")
+    return {"prompt": prompt, "method": method, "temperature": temperature, "max_new": max_new, "tree_k": tree_k,
+            "budget": budget, "tree_shape": tree_shape, "seed": seed, "run_btn": run_btn}
+
+
+def _run_view() -> dict[str, Any]:
+    """The right column: both replies with their stats, the badge, the tree and its step slider."""
+    with gr.Row(equal_height=False):
+        with gr.Column():
+            spec_stats = gr.Markdown("**speculative** · not run yet", elem_id="spec-stats", elem_classes="stats")
+            spec_reply = gr.HTML(viz.spans_html([], empty="the reply appears here"),
+                                 elem_id="spec-reply", container=True, padding=True)
+        with gr.Column():
+            van_stats = gr.Markdown("**vanilla** · not run yet", elem_id="vanilla-stats", elem_classes="stats")
+            van_reply = gr.HTML(viz.spans_html([], legend=False, empty="every token is the target's own"),
+                                elem_id="vanilla-reply", container=True, padding=True)
+    badge = gr.HTML('<div class="badge info">run a prompt to compare the outputs</div>', elem_id="identical-badge")
+    tree_plot = gr.Plot(value=viz.empty_figure(), show_label=False, elem_id="tree-plot")
+    # The static maximum bounds what the server accepts; each run narrows the visible range.
+    step_slider = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Replay step (after a run)",
+                            interactive=False, elem_id="step-slider")
+    step_info = gr.Markdown("", elem_id="step-info")
+    return {"spec_stats": spec_stats, "spec_reply": spec_reply, "van_stats": van_stats, "van_reply": van_reply,
+            "badge": badge, "tree_plot": tree_plot, "step_slider": step_slider, "step_info": step_info}
+
+
+# -- the UI: handlers -------------------------------------------------------------------------------
+class Handlers:
+    """What the page does on each event, for one engine and one page's components. `precompute`:
+    decode both sides to the end first (on ZeroGPU, in a GPU function), then animate the steps;
+    otherwise each step is shown as it is decoded.
+
+    The event handlers (on_*) have comments, not docstrings: Gradio publishes a handler's docstring
+    as its API description."""
+
+    def __init__(self, engine: Engine, ui: UI, precompute: bool):
+        self.engine, self.ui, self.precompute = engine, ui, precompute
+
+    # /run: decode the prompt both ways, streaming each side's steps; a user error is a warning with
+    # the screen unchanged, a failure mid-decode a warning over the previous run.
+    def on_run(self, prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed,
+               shape=DEFAULT_TREE_SHAPE, previous=None):
+        engine, ui = self.engine, self.ui
+        try:
+            req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape)
+            ids = engine.prompt_ids(req)
+            drafter = engine.drafter(req)  # loaded here (cached) so that a bad checkpoint warns early
+        except FastEagleError as exc:
+            gr.Warning(str(exc))
+            return
+        yield {ui.spec_stats: _fmt_stats("speculative", None, 0), ui.van_stats: _fmt_stats("vanilla", None, 0),
+               ui.spec_reply: viz.spans_html([]), ui.van_reply: viz.spans_html([], legend=False), ui.summary: "",
+               ui.step_info: "",
+               ui.badge: '<div class="badge info">decoding…</div>',
+               ui.step_slider: gr.Slider(interactive=False),
+               ui.tree_plot: viz.empty_figure("prefill: the target reads the prompt…")}
+        try:
+            if self.precompute:
+                result = _decode_both_gpu(req)
+                if "error" in result:
+                    raise FastEagleError(result["error"])
+                events = _animate(result)
+            else:
+                events = self._live(ids, drafter, req)
+            builders = {"speculative": viz.SpanBuilder(engine.decode_text),
+                        "vanilla": viz.SpanBuilder(engine.decode_text)}
+            record = {"speculative": {"traces": [], "elapsed": []}, "vanilla": {"traces": [], "elapsed": []}}
+            yield from self._stream(events, builders, record, req.method.label)
+            run, path = self._save(req, builders, record)
+            yield self.finish(run, engine.label_decode) | {ui.download: str(path)}
+        except Exception as exc:  # keep the app alive; a traceback goes to the server log only
+            if isinstance(exc, FastEagleError):
+                msg = str(exc)
+            else:
+                log.exception("decoding failed")
+                msg = f"decoding failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            gr.Warning(msg)
+            # the screen shows the previous run again (still replayable and downloadable), under the error
+            restored = self.finish(previous, self._labeler(previous)) if previous else {}
+            yield restored | {ui.badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
+
+    def _live(self, ids, drafter, req):
+        for side, d in (("speculative", drafter), ("vanilla", None)):
+            for tr, spent in self.engine.steps(ids, d, req):
+                yield side, tr, spent
+
+    def _stream(self, events, builders: dict, record: dict, mlabel: str) -> Iterator[dict]:
+        """Each side's steps into `record` and its reply into `builders`; a frame on screen at most
+        every FRAME_S seconds, and the last step's."""
+        ui = self.ui
+        last_frame, tree_height = 0.0, 0  # the tree's figure grows with the run, never shrinks
+        for side, tr, spent in events:
+            record[side]["traces"].append(tr)
+            record[side]["elapsed"].append(spent)
+            builders[side].add_trace(tr)
+            now = time.perf_counter()
+            if now - last_frame < FRAME_S and not tr.get("finished"):
+                continue
+            last_frame = now
+            if side == "speculative":
+                fig = viz.tree_figure(tr, self.engine.label_decode, min_height=tree_height)
+                tree_height = fig.layout.height
+                yield {ui.spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
+                       ui.spec_reply: viz.spans_html(builders[side].spans),
+                       ui.tree_plot: fig}
+            else:
+                yield {ui.van_stats: _fmt_stats("vanilla", tr, spent),
+                       ui.van_reply: viz.spans_html(builders[side].spans, legend=False)}
+
+    def _save(self, req: Request, builders: dict, record: dict) -> tuple[dict, Path]:
+        """The finished run as a run record, and the trace file it was written to (for download)."""
+        engine, target = self.engine, self.engine.target
+        sides = {}
+        for side, rec in record.items():
+            sides[side] = {"traces": rec["traces"], "elapsed": rec["elapsed"],
+                           "spans": spans_to_json(builders[side].spans),
+                           "summary": trace.run_summary(rec["traces"], rec["elapsed"][-1] if rec["elapsed"] else 0)}
+        ids_seen = {t for rec in record.values() for tr in rec["traces"]
+                    for t in tr["tokens"] + ((tr.get("tree") or {}).get("tokens") or [])}
+        meta = {"prompt": req.prompt, "method": req.method.label, "method_key": req.method.key,
+                "temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
+                "tree_k": ",".join(map(str, req.tree_k)),
+                "tree_budget": req.tree_budget, "tree_shape": req.tree_shape, "seed": req.seed,
+                "target": target.name,
+                "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+                "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        run = viz.make_run_file(meta, sides, {i: engine.label(i) for i in sorted(ids_seen)})
+        path = Path(tempfile.mkdtemp(prefix="fasteagle-")) / f"fasteagle-trace-{time.strftime('%H%M%S')}.json"
+        files.write_text(path, viz.trace_io.dumps(run))
+        return run, path
+
+    def finish(self, run: dict, label: Callable[[int], str]) -> dict:
+        """Every end-of-run output from a run record (a fresh run or an uploaded file)."""
+        ui = self.ui
+        meta, sides = run.get("meta", {}), run["sides"]
+        spec, van = sides["speculative"], sides.get("vanilla")
+        mlabel = meta.get("method", "speculative")
+        s_sum = spec.get("summary") or trace.run_summary(spec["traces"])
+        v_sum = (van.get("summary") or trace.run_summary(van["traces"])) if van else None
+        traces = spec["traces"]
+        n = len(traces)
+        height = _run_tree_height(run)
+        upd = {
+            ui.spec_stats: _fmt_stats("speculative", traces[-1], s_sum["wall_s"], mlabel),
+            ui.spec_reply: viz.spans_html(spans_from_json(spec.get("spans") or [])),
+            ui.summary: summary_markdown(mlabel, s_sum, v_sum),
+            ui.hist_plot: viz.acceptance_histogram(traces),
+            ui.depth_plot: viz.depth_acceptance_chart(traces),
+            ui.time_plot: viz.time_split_chart({mlabel: s_sum} | ({"vanilla": v_sum} if v_sum else {})),
+            ui.tree_plot: viz.tree_figure(traces[-1], label, min_height=height),
+            ui.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, step=1, interactive=True),
+            ui.step_info: step_markdown(traces[-1], label, n),
+            ui.run_state: run,
+        }
+        if van:
+            upd[ui.van_stats] = _fmt_stats("vanilla", van["traces"][-1], v_sum["wall_s"])
+            upd[ui.van_reply] = viz.spans_html(spans_from_json(van.get("spans") or []), legend=False)
+            s_toks = [t for tr in traces for t in tr["tokens"]]
+            v_toks = [t for tr in van["traces"] for t in tr["tokens"]]
+            upd[ui.badge] = badge_html(s_toks, v_toks, float(meta.get("temperature", 0)) <= 0, meta.get("dtype", ""))
+        else:
+            upd[ui.van_stats] = "**vanilla** · not in this trace"
+            upd[ui.van_reply] = viz.spans_html([], legend=False, empty="no vanilla decode in this trace")
+            upd[ui.badge] = '<div class="badge info">no vanilla decode in this trace</div>'
+        return upd
+
+    # /replay_step: the tree and the emitted tokens of one step of the run on screen.
+    def on_step(self, step, run):
+        if not run:
+            return gr.skip(), gr.skip()
+        traces = run["sides"]["speculative"]["traces"]
+        try:
+            i = min(max(int(step or 0), 0), len(traces) - 1)
+        except (TypeError, ValueError):
+            return gr.skip(), gr.skip()
+        label = self._labeler(run)
+        try:
+            return (viz.tree_figure(traces[i], label, min_height=_run_tree_height(run)),
+                    step_markdown(traces[i], label, len(traces)))
+        except Exception as exc:  # an uploaded file odd in a way its check missed: say so, keep the app
+            log.exception("drawing step %d failed", i)
+            gr.Warning(f"cannot draw step {i}: {type(exc).__name__}")
+            return gr.skip(), gr.skip()
+
+    # /replay_file: a trace file replayed, the screen as its run left it.
+    def on_upload(self, path):
+        try:
+            if not path:
+                raise viz.TraceFileError("no file")
+            p = Path(path if isinstance(path, str) else getattr(path, "name", path))
+            if p.stat().st_size > viz.trace_io.MAX_BYTES:
+                raise viz.TraceFileError(f"the file is larger than {viz.trace_io.MAX_BYTES >> 20} MB")
+            run = viz.parse_run_file(p.read_bytes())
+            for side in run["sides"].values():  # a file without stored spans: rebuild them here
+                if not side.get("spans"):
+                    side["spans"] = spans_to_json(viz.token_spans(side["traces"], self.engine.decode_text))
+            return self.finish(run, self._labeler(run)) | {self.ui.download: str(p)}  # the download is what is shown
+        except (viz.TraceFileError, OSError) as exc:
+            gr.Warning(f"cannot replay this file: {exc}")
+        except Exception as exc:  # a file that passed validation but is still odd
+            log.exception("replaying an uploaded trace failed")
+            gr.Warning(f"cannot replay this file: {type(exc).__name__}")
+        return {c: gr.skip() for c in self.ui.outputs}
+
+    def _labeler(self, run):
+        """Token labels from the run's own table (a file from another model), else the engine's."""
+        table = run.get("token_labels") or {}
+        return lambda ids: "".join(table[i] if i in table else self.engine.label(i) for i in ids)
+
+
+def _animate(result):
+    """A precomputed decode's steps, paced so that each side replays in about ANIMATE_S seconds."""
+    for side in ("speculative", "vanilla"):
+        traces, elapsed = result[side]["traces"], result[side]["elapsed"]
+        pause = min(0.08, ANIMATE_S / max(len(traces), 1))
+        for tr, spent in zip(traces, elapsed):
+            yield side, tr, spent
+            time.sleep(pause)
+
+
+def _run_tree_height(run) -> int:
+    """The tallest step's tree height: every step of a run is drawn that tall, so the page below
+    the tree stays put while the slider moves. Kept in the run state (not in its file)."""
+    if type(run.get("_tree_height")) is not int:
+        run["_tree_height"] = max(viz.tree_height(tr) for tr in run["sides"]["speculative"]["traces"])
+    return run["_tree_height"]
+
+
+def connect(ui: UI, handlers: Handlers, engine: Engine) -> None:
+    """The events: Run (and Enter in the prompt), the step slider, a trace file, a method change."""
+    on_gpu = engine.target.device.type == "cuda"
+    ui.method.change(lambda label: default_budget(engine.method(label).key, on_gpu), ui.method, ui.budget,
+                     api_name=False)
+    ui.run_btn.click(handlers.on_run, ui.run_inputs, ui.outputs,
+                     api_name="run", concurrency_limit=1, concurrency_id="decode")
+    ui.prompt.submit(handlers.on_run, ui.run_inputs, ui.outputs,
+                     api_visibility="private", concurrency_limit=1, concurrency_id="decode")
+    ui.step_slider.change(handlers.on_step, [ui.step_slider, ui.run_state], [ui.tree_plot, ui.step_info],
+                          api_name="replay_step", queue=False, show_progress="hidden")
+    ui.upload.upload(handlers.on_upload, [ui.upload], ui.outputs, api_name="replay_file", queue=False)
+
+
+# -- the app ----------------------------------------------------------------------------------------
 def build_app(target: Target | None = None, drafter_dir: str | Path | None = None,
               eagle3_dir: str | Path | None = None, precompute: bool | None = None) -> gr.Blocks:
     """The Gradio Blocks app. `target`: an already loaded Target (default: FASTEAGLE_TARGET or the
@@ -452,259 +797,9 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
         precompute = spaces is not None or env().precompute
     if spaces is None:
         engine.warmup()
-    on_gpu = target.device.type == "cuda"
-    methods = [m.label for m in engine.available]
-    missing = [m for m in engine.methods if not m.available and m.key == "fasteagle"]
-    dtype = str(target.dtype).replace("torch.", "")
-
     with gr.Blocks(title="FastEagle: speculative decoding, step by step") as demo:
-        gr.Markdown("# FastEagle: speculative decoding, step by step\n"
-                    f"Target **{target.name}** · " + device_text(target))
-        if missing:
-            gr.Markdown(f"⚠️ **FastEagle is not available:** {missing[0].note}", elem_id="drafter-warning")
-        run_state = gr.State(None)
-        with gr.Row():
-            with gr.Column(scale=1, min_width=300):
-                prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
-                                    placeholder="Ask something, or pick an example below")
-                gr.Examples(examples=[[p] for p in prompt_examples()], inputs=[prompt], label="Examples",
-                            examples_per_page=8)
-                method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method")
-                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                max_new = gr.Slider(1, MAX_NEW_TOKENS, value=64 if not on_gpu else 128, step=1,
-                                    label="Max new tokens", elem_id="max-new")
-                with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
-                    tree_k = gr.Textbox(value="", label="Top-k per depth",
-                                        placeholder="each drafter's own: FastEagle 32, EAGLE-3 10",
-                                        info="one number, or one per depth: 8,4,2; empty: each drafter's own "
-                                             "(what the benchmarks used)")
-                    budget = gr.Slider(2, MAX_BUDGET, value=default_budget(engine.available[0].key, on_gpu), step=1,
-                                       label="Node budget", elem_id="budget",
-                                       info="tree nodes the drafter verifies per step, root included "
-                                            "(lookup's branches come on top)")
-                    tree_shape = gr.Radio([("side branches continue", "product"),
-                                           ("paper's backbone (side leaves)", "backbone")], value=DEFAULT_TREE_SHAPE,
-                                          label="Tree shape (FastEagle)", elem_id="tree-shape",
-                                          info="both keep the most probable nodes; the paper's lets nothing grow "
-                                               "below a runner-up")
-                seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
-                run_btn = gr.Button("Run", variant="primary", elem_id="run")
-            with gr.Column(scale=3):
-                with gr.Row(equal_height=False):
-                    with gr.Column():
-                        spec_stats = gr.Markdown("**speculative** · not run yet", elem_id="spec-stats",
-                                                 elem_classes="stats")
-                        spec_reply = gr.HTML(viz.spans_html([], empty="the reply appears here"),
-                                             elem_id="spec-reply", container=True, padding=True)
-                    with gr.Column():
-                        van_stats = gr.Markdown("**vanilla** · not run yet", elem_id="vanilla-stats",
-                                                elem_classes="stats")
-                        van_reply = gr.HTML(viz.spans_html([], legend=False, empty="every token is the target's own"),
-                                            elem_id="vanilla-reply", container=True, padding=True)
-                badge = gr.HTML('<div class="badge info">run a prompt to compare the outputs</div>',
-                                elem_id="identical-badge")
-                tree_plot = gr.Plot(value=viz.empty_figure(), show_label=False, elem_id="tree-plot")
-                # The static maximum bounds what the server accepts; each run narrows the visible range.
-                step_slider = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Replay step (after a run)",
-                                        interactive=False, elem_id="step-slider")
-                step_info = gr.Markdown("", elem_id="step-info")
-        summary = gr.Markdown("", elem_id="summary")
-        with gr.Row():
-            hist_plot = gr.Plot(value=viz.empty_figure("accepted length per step", 280), show_label=False,
-                                elem_id="hist-plot")
-            depth_plot = gr.Plot(value=viz.empty_figure("acceptance per depth", 280), show_label=False,
-                                 elem_id="depth-plot")
-            time_plot = gr.Plot(value=viz.empty_figure("draft vs verify time", 280), show_label=False,
-                                elem_id="time-plot")
-        with gr.Row():
-            download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
-            upload = gr.UploadButton("Replay a trace file…", file_types=[".json"], type="filepath", elem_id="upload")
-        with gr.Accordion("How it works (for students)", open=False):
-            gr.Markdown(EXPLAINER)
-
-        all_outputs = [spec_stats, spec_reply, van_stats, van_reply, badge, tree_plot, step_slider, step_info,
-                       summary, hist_plot, depth_plot, time_plot, download, run_state]
-
-        def finish(run: dict, label: Callable[[int], str]) -> dict:
-            """Every end-of-run output from a run record (a fresh run or an uploaded file)."""
-            meta, sides = run.get("meta", {}), run["sides"]
-            spec, van = sides["speculative"], sides.get("vanilla")
-            mlabel = meta.get("method", "speculative")
-            s_sum = spec.get("summary") or trace.run_summary(spec["traces"])
-            v_sum = (van.get("summary") or trace.run_summary(van["traces"])) if van else None
-            traces = spec["traces"]
-            n = len(traces)
-            height = _run_tree_height(run)
-            upd = {
-                spec_stats: _fmt_stats("speculative", traces[-1], s_sum["wall_s"], mlabel),
-                spec_reply: viz.spans_html(spans_from_json(spec.get("spans") or [])),
-                summary: summary_markdown(mlabel, s_sum, v_sum),
-                hist_plot: viz.acceptance_histogram(traces),
-                depth_plot: viz.depth_acceptance_chart(traces),
-                time_plot: viz.time_split_chart({mlabel: s_sum} | ({"vanilla": v_sum} if v_sum else {})),
-                tree_plot: viz.tree_figure(traces[-1], label, min_height=height),
-                step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, step=1, interactive=True),
-                step_info: step_markdown(traces[-1], label, n),
-                run_state: run,
-            }
-            if van:
-                upd[van_stats] = _fmt_stats("vanilla", van["traces"][-1], v_sum["wall_s"])
-                upd[van_reply] = viz.spans_html(spans_from_json(van.get("spans") or []), legend=False)
-                s_toks = [t for tr in traces for t in tr["tokens"]]
-                v_toks = [t for tr in van["traces"] for t in tr["tokens"]]
-                upd[badge] = badge_html(s_toks, v_toks, float(meta.get("temperature", 0)) <= 0, meta.get("dtype", ""))
-            else:
-                upd[van_stats] = "**vanilla** · not in this trace"
-                upd[van_reply] = viz.spans_html([], legend=False, empty="no vanilla decode in this trace")
-                upd[badge] = '<div class="badge info">no vanilla decode in this trace</div>'
-            return upd
-
-        def on_run(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape=DEFAULT_TREE_SHAPE,
-                   previous=None):
-            try:
-                req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape)
-                ids = engine.prompt_ids(req)
-                drafter = engine.drafter(req)  # loaded here (cached) so that a bad checkpoint warns early
-            except FastEagleError as exc:
-                gr.Warning(str(exc))
-                return
-            mlabel = req.method.label
-            yield {spec_stats: _fmt_stats("speculative", None, 0), van_stats: _fmt_stats("vanilla", None, 0),
-                   spec_reply: viz.spans_html([]), van_reply: viz.spans_html([], legend=False), summary: "",
-                   step_info: "",
-                   badge: '<div class="badge info">decoding…</div>',
-                   step_slider: gr.Slider(interactive=False),
-                   tree_plot: viz.empty_figure("prefill: the target reads the prompt…")}
-            try:
-                if precompute:
-                    result = _decode_both_gpu(req)
-                    if "error" in result:
-                        raise FastEagleError(result["error"])
-                    events = _animate(result)
-                else:
-                    events = _live(ids, drafter, req)
-                builders = {"speculative": viz.SpanBuilder(engine.decode_text),
-                            "vanilla": viz.SpanBuilder(engine.decode_text)}
-                record = {"speculative": {"traces": [], "elapsed": []}, "vanilla": {"traces": [], "elapsed": []}}
-                last_frame, tree_height = 0.0, 0  # the tree's figure grows with the run, never shrinks
-                for side, tr, spent in events:
-                    record[side]["traces"].append(tr)
-                    record[side]["elapsed"].append(spent)
-                    builders[side].add_trace(tr)
-                    now = time.perf_counter()
-                    if now - last_frame < FRAME_S and not tr.get("finished"):
-                        continue
-                    last_frame = now
-                    if side == "speculative":
-                        fig = viz.tree_figure(tr, engine.label_decode, min_height=tree_height)
-                        tree_height = fig.layout.height
-                        yield {spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
-                               spec_reply: viz.spans_html(builders[side].spans),
-                               tree_plot: fig}
-                    else:
-                        yield {van_stats: _fmt_stats("vanilla", tr, spent),
-                               van_reply: viz.spans_html(builders[side].spans, legend=False)}
-                sides = {}
-                for side, rec in record.items():
-                    sides[side] = {"traces": rec["traces"], "elapsed": rec["elapsed"],
-                                   "spans": spans_to_json(builders[side].spans),
-                                   "summary": trace.run_summary(rec["traces"],
-                                                                rec["elapsed"][-1] if rec["elapsed"] else 0)}
-                ids_seen = {t for rec in record.values() for tr in rec["traces"]
-                            for t in tr["tokens"] + ((tr.get("tree") or {}).get("tokens") or [])}
-                meta = {"prompt": req.prompt, "method": mlabel, "method_key": req.method.key,
-                        "temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
-                        "tree_k": ",".join(map(str, req.tree_k)),
-                        "tree_budget": req.tree_budget, "tree_shape": req.tree_shape, "seed": req.seed,
-                        "target": target.name,
-                        "device": str(target.device), "dtype": dtype, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-                run = viz.make_run_file(meta, sides, {i: engine.label(i) for i in sorted(ids_seen)})
-                path = Path(tempfile.mkdtemp(prefix="fasteagle-")) / f"fasteagle-trace-{time.strftime('%H%M%S')}.json"
-                files.write_text(path, viz.trace_io.dumps(run))
-                upd = finish(run, engine.label_decode)
-                upd[download] = str(path)
-                yield upd
-            except Exception as exc:  # keep the app alive; a traceback goes to the server log only
-                if isinstance(exc, FastEagleError):
-                    msg = str(exc)
-                else:
-                    log.exception("decoding failed")
-                    msg = f"decoding failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                gr.Warning(msg)
-                # the screen shows the previous run again (still replayable and downloadable), under the error
-                restored = finish(previous, _run_labeler(previous)) if previous else {}
-                yield restored | {badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
-
-        def _live(ids, drafter, req):
-            for side, d in (("speculative", drafter), ("vanilla", None)):
-                for tr, spent in engine.steps(ids, d, req):
-                    yield side, tr, spent
-
-        def _animate(result):
-            for side in ("speculative", "vanilla"):
-                traces, elapsed = result[side]["traces"], result[side]["elapsed"]
-                pause = min(0.08, ANIMATE_S / max(len(traces), 1))
-                for tr, spent in zip(traces, elapsed):
-                    yield side, tr, spent
-                    time.sleep(pause)
-
-        def on_step(step, run):
-            if not run:
-                return gr.skip(), gr.skip()
-            traces = run["sides"]["speculative"]["traces"]
-            try:
-                i = min(max(int(step or 0), 0), len(traces) - 1)
-            except (TypeError, ValueError):
-                return gr.skip(), gr.skip()
-            label = _run_labeler(run)
-            try:
-                return (viz.tree_figure(traces[i], label, min_height=_run_tree_height(run)),
-                        step_markdown(traces[i], label, len(traces)))
-            except Exception as exc:  # an uploaded file odd in a way its check missed: say so, keep the app
-                log.exception("drawing step %d failed", i)
-                gr.Warning(f"cannot draw step {i}: {type(exc).__name__}")
-                return gr.skip(), gr.skip()
-
-        def _run_tree_height(run) -> int:
-            """The tallest step's tree height: every step of a run is drawn that tall, so the page below
-            the tree stays put while the slider moves. Kept in the run state (not in its file)."""
-            if type(run.get("_tree_height")) is not int:
-                run["_tree_height"] = max(viz.tree_height(tr) for tr in run["sides"]["speculative"]["traces"])
-            return run["_tree_height"]
-
-        def _run_labeler(run):
-            table = run.get("token_labels") or {}
-            return lambda ids: "".join(table[i] if i in table else engine.label(i) for i in ids)
-
-        def on_upload(path):
-            try:
-                if not path:
-                    raise viz.TraceFileError("no file")
-                p = Path(path if isinstance(path, str) else getattr(path, "name", path))
-                if p.stat().st_size > viz.trace_io.MAX_BYTES:
-                    raise viz.TraceFileError(f"the file is larger than {viz.trace_io.MAX_BYTES >> 20} MB")
-                run = viz.parse_run_file(p.read_bytes())
-                for side in run["sides"].values():  # a file without stored spans: rebuild them here
-                    if not side.get("spans"):
-                        side["spans"] = spans_to_json(viz.token_spans(side["traces"], engine.decode_text))
-                return finish(run, _run_labeler(run)) | {download: str(p)}  # the download is what is shown
-            except (viz.TraceFileError, OSError) as exc:
-                gr.Warning(f"cannot replay this file: {exc}")
-            except Exception as exc:  # a file that passed validation but is still odd
-                log.exception("replaying an uploaded trace failed")
-                gr.Warning(f"cannot replay this file: {type(exc).__name__}")
-            return {c: gr.skip() for c in all_outputs}
-
-        method.change(lambda label: default_budget(engine.method(label).key, on_gpu), method, budget,
-                      api_name=False)
-        run_inputs = [prompt, method, temperature, max_new, tree_k, budget, seed, tree_shape, run_state]
-        run_btn.click(on_run, run_inputs, all_outputs,
-                      api_name="run", concurrency_limit=1, concurrency_id="decode")
-        prompt.submit(on_run, run_inputs, all_outputs,
-                      api_visibility="private", concurrency_limit=1, concurrency_id="decode")
-        step_slider.change(on_step, [step_slider, run_state], [tree_plot, step_info], api_name="replay_step",
-                           queue=False, show_progress="hidden")
-        upload.upload(on_upload, [upload], all_outputs, api_name="replay_file", queue=False)
+        ui = layout(engine)
+        connect(ui, Handlers(engine, ui, precompute), engine)
     demo.queue(default_concurrency_limit=1)
     return demo
 

@@ -412,9 +412,17 @@ def _drafter_summaries(methods: dict) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand each for generate, train and bench."""
     parser = Parser(prog="python -m fasteagle", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    _generate_parser(sub)
+    _train_parser(sub)
+    _bench_parser(sub)
+    return parser
 
+
+def _generate_parser(sub) -> None:
+    """`generate`: one prompt, streamed."""
     g = sub.add_parser("generate", help="decode one prompt, streaming the reply")
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="vanilla", choices=METHODS)
@@ -423,6 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_args(g)
     g.set_defaults(func=cmd_generate)
 
+
+def _train_parser(sub) -> None:
+    """`train`: a flag given sets the TrainConfig field of its dest name, over --config's (default None: not given)."""
     t = sub.add_parser("train", help="train a FastEagle drafter for a target")
     t.add_argument("--out", required=True, help="output directory for the drafter")
     t.add_argument("--config", default=None,
@@ -484,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass over the first this many conversations (an earlier --limit run used them)")
     t.set_defaults(func=cmd_train)
 
+
+def _bench_parser(sub) -> None:
+    """`bench`: a method comparison, or one of its single measurements (--verify-cost, --draft-step, ...)."""
     b = sub.add_parser("bench", help="compare decoding methods on prompt sets (tokens/s, speedup, tau, lossless)")
     b.add_argument("--prompts", default=None, help="JSON-lines prompt file(s), comma separated")
     b.add_argument("--methods", default="vanilla,hf-generate,hf-prompt-lookup,lookup,fasteagle",
@@ -515,7 +529,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(b)
     _add_method_args(b)
     b.set_defaults(func=cmd_bench)
-    return parser
 
 
 def _check_args(args) -> None:

@@ -11,6 +11,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -98,6 +99,28 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class Decode:
+    """What one decode carries from step to step: its setup, fixed for the whole reply, and its
+    running counts, which each step advances."""
+
+    model: torch.nn.Module
+    device: torch.device
+    cache: KVCache
+    drafter: Drafter | None
+    capacity: int  # cache positions (the drafter's too)
+    sampling: SamplingParams
+    generator: torch.Generator
+    stop_ids: set[int]
+    max_new_tokens: int
+    feature_layers: tuple[int, ...]  # the target's hidden states the drafter reads
+    detokenizer: _Detokenizer
+    sync_phases: bool = False  # wait for the device between phases, so each phase's time is its own
+    step: int = 0
+    generated: int = 0  # tokens emitted so far
+    forwards: int = 0  # target forwards so far, prefill excluded
+
+
 def generate(
     target: Target,
     input_ids: torch.Tensor,
@@ -123,8 +146,6 @@ def generate(
                              f"{tuple(input_ids.shape)})")
     if max_new_tokens < 1:
         raise FastEagleError("max_new_tokens must be at least 1")
-    model, dev = target.model, target.device
-    stop_ids = target.stop_ids() if stop_ids is None else stop_ids
     max_pos = check_context(target, input_ids.numel(), max_new_tokens)
     capacity = capacity or min(input_ids.numel() + max_new_tokens + tree_room, max_pos + tree_room)
     if input_ids.numel() + max_new_tokens - 1 > capacity:  # the last token never enters the cache
@@ -132,66 +153,60 @@ def generate(
             f"context too long: {input_ids.numel()} prompt + {max_new_tokens} new tokens exceed the cache "
             f"capacity {capacity}; shorten the prompt or lower max_new_tokens"
         )
-    cache = KVCache.for_model(model, capacity)
-    generator = torch.Generator().manual_seed(seed)
-    feature_layers = tuple(drafter.feature_layers) if drafter else ()
-    ids = input_ids.to(dev)
-    decoded = _Detokenizer(target.tokenizer)
+    state = Decode(
+        model=target.model, device=target.device, cache=KVCache.for_model(target.model, capacity),
+        drafter=drafter, capacity=capacity, sampling=sampling, generator=torch.Generator().manual_seed(seed),
+        stop_ids=target.stop_ids() if stop_ids is None else stop_ids, max_new_tokens=max_new_tokens,
+        feature_layers=tuple(drafter.feature_layers) if drafter else (),
+        detokenizer=_Detokenizer(target.tokenizer), sync_phases=sync_phases,
+    )
 
     # Each step runs under inference_mode on its own, never across a yield: the mode is per thread,
     # and a consumer such as a Gradio handler may resume the generator on another thread.
     with torch.inference_mode():
-        trace, root, finished = _prefill(model, cache, ids, drafter, capacity, sampling, generator, stop_ids,
-                                         max_new_tokens, feature_layers, decoded)
+        trace = _prefill(state, input_ids.to(state.device))
     yield trace
-    step, generated, forwards = 0, 1, 0
-    while not finished:
-        step += 1
+    while not trace.finished:
         with torch.inference_mode():
-            trace = _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, max_new_tokens,
-                          feature_layers, decoded, step, generated, forwards, sync_phases)
-        generated, forwards, finished, root = trace.generated, trace.forwards, trace.finished, trace.bonus
+            trace = _step(state, trace.bonus)
         yield trace
 
 
-def _prefill(model, cache, ids, drafter, capacity, sampling, generator, stop_ids, max_new_tokens, feature_layers,
-             decoded) -> tuple[StepTrace, int, str | None]:
+def _prefill(state: Decode, ids: torch.Tensor) -> StepTrace:
     """The prompt is a causal chain whose last logits give the first token (the next tree's root)."""
-    dev = ids.device
     t0 = time.perf_counter()
-    logits, feats = tree_forward(model, cache, path_tree(ids), feature_layers)
-    cache.keep(torch.arange(ids.numel(), device=dev))
-    root = _sample(logits[-1:], sampling, generator)
-    synchronize(dev)
+    logits, feats = tree_forward(state.model, state.cache, path_tree(ids), state.feature_layers)
+    state.cache.keep(torch.arange(ids.numel(), device=state.device))
+    root = _sample(logits[-1:], state.sampling, state.generator)
+    synchronize(state.device)
     verify_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    if drafter:
-        drafter.reset(capacity)
-        drafter.extend(ids, feats, root)
-    synchronize(dev)
+    if state.drafter:
+        state.drafter.reset(state.capacity)
+        state.drafter.extend(ids, feats, root)
+    synchronize(state.device)
     draft_ms = (time.perf_counter() - t0) * 1e3
-    finished = _finish_reason([root], stop_ids, 1, max_new_tokens)
-    trace = StepTrace(step=0, tokens=[root], token_depths=[0], text=decoded.add([root]), draft_ms=draft_ms,
-                      verify_ms=verify_ms, generated=1, forwards=0, finished=finished, bonus=root)
-    return trace, root, finished
+    state.generated = 1
+    return StepTrace(step=0, tokens=[root], token_depths=[0], text=state.detokenizer.add([root]),
+                     draft_ms=draft_ms, verify_ms=verify_ms, generated=1, forwards=0,
+                     finished=_finish_reason([root], state.stop_ids, 1, state.max_new_tokens), bonus=root)
 
 
-def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, max_new_tokens, feature_layers,
-          decoded, step, generated, forwards, sync_phases=False) -> StepTrace:
+def _step(state: Decode, root: int) -> StepTrace:
     """Draft a tree from `root`, verify it in one target forward, keep the accepted path."""
-    dev = next(model.parameters()).device
+    dev = state.device
     t0 = time.perf_counter()
-    tree = drafter.draft(root) if drafter else root_only(root, dev)
-    tree = _fit(_shallow(tree, max_new_tokens - generated - 1), capacity - cache.length)
+    tree = state.drafter.draft(root) if state.drafter else root_only(root, dev)
+    tree = _fit(_shallow(tree, state.max_new_tokens - state.generated - 1), state.capacity - state.cache.length)
     # No device sync here or after `extend`: a drafter that builds its tree on the GPU (a CUDA graph)
     # lets the host queue the target's forward while the GPU drafts. So on a GPU draft_ms is what the
     # host spent or waited for, and the draft's GPU time the forward did not hide counts as verify_ms.
-    if sync_phases:
+    if state.sync_phases:
         synchronize(dev)
     t1 = time.perf_counter()
-    logits, feats = tree_forward(model, cache, tree, feature_layers)
-    verdict: Verdict = verify(logits, tree, sampling, generator)
-    cache.keep(verdict.path)
+    logits, feats = tree_forward(state.model, state.cache, tree, state.feature_layers)
+    verdict: Verdict = verify(logits, tree, state.sampling, state.generator)
+    state.cache.keep(verdict.path)
     synchronize(dev)
     t2 = time.perf_counter()
     drawn = tree.to_dict()  # before `extend`: a drafter may build its next tree in these tensors' place
@@ -199,17 +214,18 @@ def _step(model, cache, root, drafter, capacity, sampling, generator, stop_ids, 
     path_tokens = tree.tokens[verdict.path]
     new = path_tokens[1:].tolist() + [verdict.bonus]
     depths = tree.depths[verdict.path][1:].tolist() + [0]
-    new, depths, finished = _clip(new, depths, stop_ids, generated, max_new_tokens)
-    if drafter and not finished:
-        drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
-    if sync_phases:
+    new, depths, finished = _clip(new, depths, state.stop_ids, state.generated, state.max_new_tokens)
+    if state.drafter and not finished:
+        state.drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
+    if state.sync_phases:
         synchronize(dev)
     t3 = time.perf_counter()
+    state.step, state.generated, state.forwards = state.step + 1, state.generated + len(new), state.forwards + 1
     return StepTrace(
-        step=step, tokens=new, token_depths=depths, text=decoded.add(new),
+        step=state.step, tokens=new, token_depths=depths, text=state.detokenizer.add(new),
         draft_ms=((t1 - t0) + (t3 - t2) - t_trace) * 1e3, verify_ms=(t2 - t1) * 1e3,
         tree=drawn, status=verdict.status.tolist(), target_probs=verdict.target_probs.tolist(),
-        path=verdict.path.tolist(), generated=generated + len(new), forwards=forwards + 1, finished=finished,
+        path=verdict.path.tolist(), generated=state.generated, forwards=state.forwards, finished=finished,
         bonus=verdict.bonus,
     )
 

@@ -207,93 +207,153 @@ def tree_height(step: Mapping) -> int:
     return figure_height(_step_layout(step)[-1][2].rows) if step.get("tree") else MIN_HEIGHT
 
 
+@dataclass
+class _Drawing:
+    """One step's tree, ready to draw: per tree node its token, decoded text, label, verdict, draft
+    and target probabilities and source; the accepted path and the bonus token; the nodes drawn one
+    by one (`shown`; `at` maps a node to its place in `lay`), the folded groups, and the layout."""
+
+    tokens: list[int]
+    texts: list[str]
+    labels: list[str]
+    status: list[int]
+    dprobs: list[float]
+    tprobs: list[float]
+    sources: list[int]
+    path: list[int]
+    bonus_tok: int | None
+    bonus_text: str
+    shown: list[int]
+    folds: list[tuple[int, list[int], int]]
+    lay: Layout
+    at: dict[int, int]
+
+
+def _drawing(step: Mapping, label_of: Callable[[int], str]) -> _Drawing:
+    """A step with a tree, decoded, laid out and folded as `_visible` decides."""
+    tree = step["tree"]
+    tokens = [int(t) for t in tree["tokens"]]
+    n = len(tokens)
+    status, dprobs, path, bonus_tok, (shown, folds, lay) = _step_layout(step)
+    texts = [label_of(t) for t in tokens]
+    return _Drawing(
+        tokens=tokens, texts=texts, labels=[token_label(t) for t in texts], status=status, dprobs=dprobs,
+        tprobs=[float(p) for p in (step.get("target_probs") or [1.0] * n)],
+        sources=[int(s) for s in (tree.get("sources") or [0] * n)], path=path, bonus_tok=bonus_tok,
+        bonus_text=label_of(bonus_tok) if lay.bonus is not None else "", shown=shown, folds=folds, lay=lay,
+        at={i: k for k, i in enumerate(shown)},
+    )
+
+
 def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], title: str | None = None,
                 min_height: int = 0) -> go.Figure:
     """Plotly figure of one `StepTrace.to_dict()`: nodes coloured by verdict, the accepted path as
     one line trace, hover with token id, depth, draft and target probabilities. `min_height`: at
     least this tall, rows spaced as usual from the top (so a run's figures need not jump in size)."""
     label_of: Callable[[int], str] = label_decoder(tokenizer_decode)
-    tree = step.get("tree")
-    if not tree:
+    if not step.get("tree"):
         toks = step.get("tokens") or []
         first = token_label(label_of(toks[0]), 24) if toks else "∅"
         return empty_figure(f"step {step.get('step', 0)}: prefill — the target read the prompt and chose its "
                             f"first token itself: “{first}”", max(MIN_HEIGHT, min_height))
-    tokens = [int(t) for t in tree["tokens"]]
-    n = len(tokens)
-    tprobs = [float(p) for p in (step.get("target_probs") or [1.0] * n)]
-    sources = [int(s) for s in (tree.get("sources") or [0] * n)]
-    status, dprobs, path, bonus_tok, (shown, folds, lay) = _step_layout(step)
-    at = {i: k for k, i in enumerate(shown)}  # node -> its place among the drawn nodes
-    texts = [label_of(t) for t in tokens]
-    labels = [token_label(t) for t in texts]
-
+    d = _drawing(step, label_of)
     fig = go.Figure()
-    # Edges (one trace, None-separated segments).
+    fig.add_trace(_edges(d.lay, len(d.shown) + len(d.folds)))
+    fig.add_trace(_accepted_path(d))
+    for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):  # each always present so the legend stays put
+        fig.add_trace(_verdict_nodes(d, verdict))
+    for verdict, name in ((NEVER_REACHED, FOLDED_NAME), (REJECTED, FOLDED_REJECTED_NAME)):
+        if any(v == verdict for _, _, v in d.folds):
+            fig.add_trace(_folded_nodes(d, verdict, name))
+    if LOOKUP_SOURCE in d.sources:  # legend entry for the marker shape of lookup's nodes
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=LOOKUP_NAME, hoverinfo="skip",
+                                 marker={"size": MARKER_PX, "color": "#777777", "symbol": LOOKUP_SYMBOL}))
+    if d.lay.bonus is not None:
+        fig.add_trace(_bonus_node(d))
+    _style(fig, _title(step, d) if title is None else title, d.lay, min_height)
+    return fig
+
+
+def _edges(lay: Layout, count: int) -> go.Scatter:
+    """Every edge of the first `count` laid-out nodes, as one trace of None-separated segments."""
     ex, ey = [], []
-    for i in range(1, len(shown) + len(folds)):
+    for i in range(1, count):
         p = lay.parents[i]
         if p >= 0:
             ex += [lay.x[p], lay.x[i], None]
             ey += [lay.y[p], lay.y[i], None]
-    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name="edges", hoverinfo="skip", showlegend=False,
-                             line={"color": "#d0d0d0", "width": 1.5, "shape": "hvh"}))
-    # The accepted path: exactly the accepted nodes, root first.
-    fig.add_trace(go.Scatter(x=[lay.x[at[i]] for i in path], y=[lay.y[at[i]] for i in path], mode="lines",
-                             name=ACCEPTED_PATH, hoverinfo="skip",
-                             line={"color": VERDICT_COLORS[ACCEPTED], "width": 6, "shape": "hvh"}, opacity=0.45))
-    # Nodes, one trace per verdict (each always present so the legend stays put).
-    for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):
-        idx = [i for i in shown if status[i] == verdict]
-        fig.add_trace(go.Scatter(
-            x=[lay.x[at[i]] for i in idx], y=[lay.y[at[i]] for i in idx], mode="markers+text",
-            name=VERDICTS[verdict], text=[labels[i] for i in idx], textposition="top center",
-            textfont={"size": LABEL_FONT_PX, "family": "monospace"},
-            marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
-                    "symbol": [LOOKUP_SYMBOL if sources[i] == LOOKUP_SOURCE else "circle" for i in idx]},
-            customdata=[[i, tokens[i], int(lay.x[at[i]]), dprobs[i], tprobs[i], _source_text(sources[i]),
-                         repr(texts[i])] for i in idx],
-            hovertemplate=("node %{customdata[0]}: %{customdata[6]}<br>token id %{customdata[1]}<br>"
-                           "depth %{customdata[2]} (%{customdata[5]})<br>"
-                           "draft p %{customdata[3]:.3f}<br>target p %{customdata[4]:.3f}<br>"
-                           f"{VERDICTS[verdict]}<extra></extra>"),
-        ))
-    for verdict, name in ((NEVER_REACHED, FOLDED_NAME), (REJECTED, FOLDED_REJECTED_NAME)):  # "+N" stand-ins
-        group = [(len(shown) + k, nodes) for k, (_, nodes, v) in enumerate(folds) if v == verdict]
-        if not group:
-            continue
-        fig.add_trace(go.Scatter(
-            x=[lay.x[k] for k, _ in group], y=[lay.y[k] for k, _ in group], mode="markers+text", name=name,
-            text=[f"+{len(nodes)}" for _, nodes in group], textposition="top center",
-            textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": VERDICT_COLORS[verdict]
-                      if verdict == REJECTED else "#888888"},
-            marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "symbol": FOLDED_SYMBOL},
-            customdata=[[len(nodes), " ".join(labels[i] for i in nodes[:12]) + (" …" if len(nodes) > 12 else "")]
-                        for _, nodes in group],
-            hovertemplate=f"%{{customdata[0]}} {VERDICTS[verdict]} nodes, folded: %{{customdata[1]}}<extra></extra>",
-        ))
-    if LOOKUP_SOURCE in sources:  # legend entry for the marker shape of lookup's nodes
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=LOOKUP_NAME, hoverinfo="skip",
-                                 marker={"size": MARKER_PX, "color": "#777777", "symbol": LOOKUP_SYMBOL}))
-    if lay.bonus is not None:
-        b, p = lay.bonus, at[path[-1]]
-        btext = label_of(bonus_tok)
-        fig.add_trace(go.Scatter(
-            x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines+markers+text", name=BONUS_NAME,
-            text=["", token_label(btext)], textposition="top center",
-            textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": BONUS_COLOR},
-            line={"color": BONUS_COLOR, "width": 2, "dash": "dot", "shape": "hvh"},
-            marker={"size": [0, MARKER_PX + 4], "color": BONUS_COLOR, "symbol": "star"},
-            customdata=[["", ""], [bonus_tok, repr(btext)]],
-            hovertemplate="%{customdata[1]}<br>token id %{customdata[0]}<br>the target's own token after the "
-                          "accepted path<extra></extra>",
-        ))
-    accepted = len(path) - 1
-    if title is None:
-        title = (f"step {step.get('step', '?')}: {n - 1} drafted, {accepted} accepted"
-                 f"{' + 1 bonus' if bonus_tok is not None else ''} · draft {float(step.get('draft_ms', 0)):.0f} ms"
-                 f" · verify {float(step.get('verify_ms', 0)):.0f} ms"
-                 + _folded_text(folds))
+    return go.Scatter(x=ex, y=ey, mode="lines", name="edges", hoverinfo="skip", showlegend=False,
+                      line={"color": "#d0d0d0", "width": 1.5, "shape": "hvh"})
+
+
+def _accepted_path(d: _Drawing) -> go.Scatter:
+    """Exactly the accepted nodes, root first, under one thick line."""
+    lay, at = d.lay, d.at
+    return go.Scatter(x=[lay.x[at[i]] for i in d.path], y=[lay.y[at[i]] for i in d.path], mode="lines",
+                      name=ACCEPTED_PATH, hoverinfo="skip",
+                      line={"color": VERDICT_COLORS[ACCEPTED], "width": 6, "shape": "hvh"}, opacity=0.45)
+
+
+def _verdict_nodes(d: _Drawing, verdict: int) -> go.Scatter:
+    """The nodes drawn one by one that got `verdict`, labelled, with their numbers on hover."""
+    lay, at = d.lay, d.at
+    idx = [i for i in d.shown if d.status[i] == verdict]
+    return go.Scatter(
+        x=[lay.x[at[i]] for i in idx], y=[lay.y[at[i]] for i in idx], mode="markers+text",
+        name=VERDICTS[verdict], text=[d.labels[i] for i in idx], textposition="top center",
+        textfont={"size": LABEL_FONT_PX, "family": "monospace"},
+        marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
+                "symbol": [LOOKUP_SYMBOL if d.sources[i] == LOOKUP_SOURCE else "circle" for i in idx]},
+        customdata=[[i, d.tokens[i], int(lay.x[at[i]]), d.dprobs[i], d.tprobs[i], _source_text(d.sources[i]),
+                     repr(d.texts[i])] for i in idx],
+        hovertemplate=("node %{customdata[0]}: %{customdata[6]}<br>token id %{customdata[1]}<br>"
+                       "depth %{customdata[2]} (%{customdata[5]})<br>"
+                       "draft p %{customdata[3]:.3f}<br>target p %{customdata[4]:.3f}<br>"
+                       f"{VERDICTS[verdict]}<extra></extra>"),
+    )
+
+
+def _folded_nodes(d: _Drawing, verdict: int, name: str) -> go.Scatter:
+    """The "+N" stand-ins of the folded groups of one verdict; hovering one lists what it holds."""
+    lay = d.lay
+    group = [(len(d.shown) + k, nodes) for k, (_, nodes, v) in enumerate(d.folds) if v == verdict]
+    return go.Scatter(
+        x=[lay.x[k] for k, _ in group], y=[lay.y[k] for k, _ in group], mode="markers+text", name=name,
+        text=[f"+{len(nodes)}" for _, nodes in group], textposition="top center",
+        textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": VERDICT_COLORS[verdict]
+                  if verdict == REJECTED else "#888888"},
+        marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "symbol": FOLDED_SYMBOL},
+        customdata=[[len(nodes), " ".join(d.labels[i] for i in nodes[:12]) + (" …" if len(nodes) > 12 else "")]
+                    for _, nodes in group],
+        hovertemplate=f"%{{customdata[0]}} {VERDICTS[verdict]} nodes, folded: %{{customdata[1]}}<extra></extra>",
+    )
+
+
+def _bonus_node(d: _Drawing) -> go.Scatter:
+    """The target's own token, a star hanging from the accepted path's last node by a dotted line."""
+    lay, b, p = d.lay, d.lay.bonus, d.at[d.path[-1]]
+    return go.Scatter(
+        x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines+markers+text", name=BONUS_NAME,
+        text=["", token_label(d.bonus_text)], textposition="top center",
+        textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": BONUS_COLOR},
+        line={"color": BONUS_COLOR, "width": 2, "dash": "dot", "shape": "hvh"},
+        marker={"size": [0, MARKER_PX + 4], "color": BONUS_COLOR, "symbol": "star"},
+        customdata=[["", ""], [d.bonus_tok, repr(d.bonus_text)]],
+        hovertemplate="%{customdata[1]}<br>token id %{customdata[0]}<br>the target's own token after the "
+                      "accepted path<extra></extra>",
+    )
+
+
+def _title(step: Mapping, d: _Drawing) -> str:
+    """What the step drafted, accepted and spent, and what is folded."""
+    return (f"step {step.get('step', '?')}: {len(d.tokens) - 1} drafted, {len(d.path) - 1} accepted"
+            f"{' + 1 bonus' if d.bonus_tok is not None else ''} · draft {float(step.get('draft_ms', 0)):.0f} ms"
+            f" · verify {float(step.get('verify_ms', 0)):.0f} ms"
+            + _folded_text(d.folds))
+
+
+def _style(fig: go.Figure, title: str, lay: Layout, min_height: int) -> None:
+    """Axes, legend and size: `ROW_PX` per row, at least `min_height` tall (extra rows below)."""
     max_x = max(lay.x) if lay.x else 0
     height, span = figure_height(lay.rows), lay.rows
     if min_height > height:  # taller than the tree needs: the rows keep their spacing, from the top
@@ -308,7 +368,6 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
         yaxis={"range": [span - 0.5, -0.6], "visible": False, "fixedrange": True},
         hoverlabel={"font": {"family": "monospace"}},
     )
-    return fig
 
 
 def row_spacing_px(fig: go.Figure) -> float:

@@ -1,7 +1,8 @@
 """Train a FastEagle drafter for a target: data -> (self-distillation) -> teacher -> layer-wise
 training on `accelerate` (CPU, one GPU, or `accelerate launch` for several) -> holdout evaluation.
 
-Read top to bottom: `train()` is the whole pipeline.
+Read top to bottom: `train()` is the whole pipeline, one named stage after another, and each stage
+follows it in that order.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -23,6 +26,7 @@ from fasteagle.errors import FastEagleError
 from fasteagle.fields import check_types
 from fasteagle.files import check_writable, write_text
 from fasteagle.methods import load_drafter
+from fasteagle.train import data as data_mod
 from fasteagle.train.teacher import (
     PROMPT_TAIL,
     Batch,
@@ -37,6 +41,11 @@ from fasteagle.train.teacher import (
     teach,
 )
 from fasteagle.tree import TREE_BUILDERS
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from fasteagle.target import Target
 
 
 @dataclass
@@ -159,12 +168,74 @@ def read_config_file(path: str | Path) -> dict:
 
 
 def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
-    """The whole pipeline; `target` (a loaded `Target`) overrides `cfg.target` (tests pass a tiny one);
-    `command`, the command line that ran it, goes into the model card."""
+    """The whole pipeline, stage by stage; `target` (a loaded `Target`) overrides `cfg.target` (tests
+    pass a tiny one); `command`, the command line that ran it, goes into the model card."""
+    run = start(cfg, target)
+
+    # 1. data: ShareGPT (or a saved dataset), optionally rewritten by the target itself
+    train_data = distill(run, token_data(run))
+    holdout = holdout_data(run)
+    train_data = trainable(run, train_data)
+
+    # 2. teacher: the target's features and top-k, once into fp16 shards (--features cache) or per batch
+    shards = feature_shards(run, train_data)
+    if cfg.distill_only:
+        run.accel.print(f"distilled data written to {run.out} ({sum(map(len, shards.values()))} feature shards)")
+        return run.out
+
+    # 3. drafter: a trained one to continue, or started from the target's top layers, with a draft
+    #    vocab from reply frequencies
+    replies = reply_stats(run, train_data, shards)
+    drafter, before = make_drafter(run, replies.counts)
+
+    # 4. optimise: AdamW over this process's share of the batches, on from the last checkpoint if any
+    batches = Batches(run, train_data, shards, replies.rows_per_shard)
+    per_process = math.ceil(len(batches) / run.accel.num_processes)  # each process trains on its share
+    total_steps = cfg.max_steps or max(1, int(cfg.epochs * per_process))
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    drafter, opt = run.accel.prepare(drafter, opt)
+    raw = run.accel.unwrap_model(drafter)
+    progress = resume(run)
+    initial = evaluate(raw, run.model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k) \
+        if holdout is not None and cfg.eval_initial and progress.step == 0 else {}
+    optimise(run, drafter, opt, batches, progress, total_steps)
+
+    # 5. evaluate and save
+    metrics = {}
+    if holdout is not None:
+        metrics = evaluate(raw, run.model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k)
+        run.accel.print(json.dumps(metrics, indent=1))
+    if run.accel.is_main_process:
+        info = run_info(run, progress, progress.step / per_process, replies, before, command)
+        save_run(run, raw, info | {"holdout": metrics, "holdout_initial": initial}, progress.history)
+    return run.out
+
+
+@dataclass
+class Run:
+    """What every stage of a training run reads: its settings, the accelerator (device and
+    processes), the target, the drafter's config and class, and where it writes."""
+
+    cfg: TrainConfig
+    accel: Accelerator
+    target: Target
+    dcfg: DrafterConfig
+    drafter_cls: type
+    out: Path
+    fdir: Path  # the feature shards (--features cache)
+    t_start: float  # time.monotonic() once the target is loaded
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.target.model
+
+
+def start(cfg: TrainConfig, target=None) -> Run:
+    """Every setting and path checked, the seed set, the accelerator and the target up, the drafter's
+    config made for the target."""
     from accelerate import Accelerator, DistributedDataParallelKwargs
 
     from fasteagle.target import load_target
-    from fasteagle.train import data as data_mod
 
     cfg.check()
     out = check_writable(cfg.out, "--out", directory=True)  # made when the first file is written
@@ -179,9 +250,9 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     accel = Accelerator(mixed_precision=mixed_precision(cfg), cpu=cfg.device == "cpu",
                         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     target = target or load_target(cfg.target, device=accel.device, dtype=cfg.dtype)
-    model, tok = target.model, target.tokenizer
     t_start = time.monotonic()
 
+    model = target.model
     vocab_size = model.config.vocab_size
     if cfg.topk > vocab_size:
         raise FastEagleError(f"topk must be at most the target's vocabulary ({vocab_size} tokens), not {cfg.topk}")
@@ -195,84 +266,132 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         drafter_cls, dcfg = AutoregressiveDrafter, AutoregressiveDrafter.config_for(dcfg, cfg.depth)
     elif cfg.drafter != "fasteagle":
         raise FastEagleError(f"unknown drafter {cfg.drafter!r}; use fasteagle or eagle3")
-    feature_layers = dcfg.feature_layers
-    fdir = Path(cfg.feature_dir or out / "features")
+    return Run(cfg, accel, target, dcfg, drafter_cls, out, Path(cfg.feature_dir or out / "features"), t_start)
 
-    # 1. data: ShareGPT (or a saved dataset), optionally rewritten by the target itself
+
+def token_data(run: Run) -> dict | None:
+    """The training conversations as token ids: a saved dataset or ShareGPT's train split (None:
+    --reuse-features, another run's shards stand in for them)."""
+    cfg = run.cfg
     if cfg.reuse_features:  # another run's shards: the same data through the same teacher pass
-        if not any(fdir.glob("shard-*.pt")):
-            raise FastEagleError(f"--reuse-features needs --features cache and shards in {fdir}")
-        train_data = None
+        if not any(run.fdir.glob("shard-*.pt")):
+            raise FastEagleError(f"--reuse-features needs --features cache and shards in {run.fdir}")
+        return None
+    if cfg.data:  # a saved dataset: --skip/--limit select its records as they select conversations
+        train_data = data_mod.load_token_dataset(cfg.data, skip=cfg.skip or 0, limit=cfg.limit or None)
     else:
-        if cfg.data:  # a saved dataset: --skip/--limit select its records as they select conversations
-            train_data = data_mod.load_token_dataset(cfg.data, skip=cfg.skip or 0, limit=cfg.limit or None)
-        else:
-            train_data = data_mod.build_token_dataset(tok, "train", max_len=cfg.max_len, limit=cfg.limit,
-                                                      english_only=cfg.english_only, skip=cfg.skip)
-        if not train_data["input_ids"] and not cfg.extra_data:
-            raise no_data(cfg)
+        train_data = data_mod.build_token_dataset(run.target.tokenizer, "train", max_len=cfg.max_len,
+                                                  limit=cfg.limit, english_only=cfg.english_only, skip=cfg.skip)
+    if not train_data["input_ids"] and not cfg.extra_data:
+        raise no_data(cfg)
+    return train_data
+
+
+def distill(run: Run, train_data: dict | None) -> dict | None:
+    """With --distill, the replies rewritten by the target from the same prompts (saved as
+    OUT/distilled.pt, reused by a rerun); with --features cache too, straight into feature shards
+    (then None: the shards are the data)."""
+    cfg, out, model, tok = run.cfg, run.out, run.model, run.target.tokenizer
+    if not cfg.distill or train_data is None:
+        return train_data
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
-    prompts = [p[-PROMPT_TAIL:] for p in train_data["prompt_ids"]] if train_data else []
-    # with the cache, one target pass yields both the replies and their features
-    if cfg.distill and train_data is not None and cfg.features == "cache":
-        distill_features(model, tok, prompts, fdir, feature_layers, cfg.distill_max_new, cfg.distill_batch, budget,
-                         sample_every=cfg.distill_sample_every,
+    prompts = [p[-PROMPT_TAIL:] for p in train_data["prompt_ids"]]
+    if cfg.features == "cache":  # one target pass yields both the replies and their features
+        distill_features(model, tok, prompts, run.fdir, run.dcfg.feature_layers, cfg.distill_max_new,
+                         cfg.distill_batch, budget, sample_every=cfg.distill_sample_every,
                          topk=cfg.topk, keep_prompt=cfg.keep_prompt, seed=cfg.seed)
-        train_data = None
-    elif cfg.distill and train_data is not None and (out / "distilled.pt").exists():
+        return None
+    if (out / "distilled.pt").exists():
         # a rerun in the same --out (after --distill-only, or resuming) trains on what was written
-        accel.print(f"reusing {out / 'distilled.pt'} (delete it to distill again)")
-        train_data = data_mod.load_token_dataset(out / "distilled.pt")
-    elif cfg.distill and train_data is not None:
-        train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget,
-                                  sample_every=cfg.distill_sample_every, seed=cfg.seed)
-        if not train_data["input_ids"] and not cfg.extra_data:
-            raise no_data(cfg, distilled=True)
-        data_mod.save_token_dataset(train_data, out / "distilled.pt")
+        run.accel.print(f"reusing {out / 'distilled.pt'} (delete it to distill again)")
+        return data_mod.load_token_dataset(out / "distilled.pt")
+    train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget,
+                              sample_every=cfg.distill_sample_every, seed=cfg.seed)
+    if not train_data["input_ids"] and not cfg.extra_data:
+        raise no_data(cfg, distilled=True)
+    data_mod.save_token_dataset(train_data, out / "distilled.pt")
+    return train_data
+
+
+def holdout_data(run: Run) -> dict | None:
+    """The evaluation conversations, with --distill the target's own greedy replies to them
+    (OUT/holdout_distilled.pt, reused by a rerun); None without --holdout-data."""
+    cfg = run.cfg
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
-    if holdout is not None and cfg.distill:  # evaluate on what the target itself says (greedy)
-        holdout_file = out / "holdout_distilled.pt"
-        if holdout_file.exists():
-            holdout = data_mod.load_token_dataset(holdout_file)
-        else:
-            holdout = self_distill(model, tok, [p[-PROMPT_TAIL:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
-                                   cfg.distill_max_new, cfg.distill_batch, sample_every=0)
-            data_mod.save_token_dataset(holdout, holdout_file)
+    if holdout is None or not cfg.distill:
+        return holdout
+    holdout_file = run.out / "holdout_distilled.pt"
+    if holdout_file.exists():
+        return data_mod.load_token_dataset(holdout_file)
+    holdout = self_distill(run.model, run.target.tokenizer,
+                           [p[-PROMPT_TAIL:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
+                           cfg.distill_max_new, cfg.distill_batch, sample_every=0)
+    data_mod.save_token_dataset(holdout, holdout_file)
+    return holdout
+
+
+def trainable(run: Run, train_data: dict | None) -> dict | None:
+    """The token data joined with --add-data's, less the records that teach nothing; an error if
+    none is left."""
+    cfg = run.cfg
     if cfg.extra_data and train_data is not None and not cfg.distill_only:  # e.g. greedy and sampled replies
         train_data = data_mod.join_token_datasets(train_data, *map(data_mod.load_token_dataset, cfg.extra_data))
-    if train_data is not None and not train_data["input_ids"]:
+    if train_data is None:
+        return None
+    if not train_data["input_ids"]:
         raise no_data(cfg, distilled=cfg.distill)
-    if train_data is not None:
-        train_data = with_replies(train_data, cfg.max_len)
-        if not train_data["input_ids"]:
-            raise FastEagleError(f"no training data left: no record has a reply token the loss can count within "
-                                 f"its first {cfg.max_len} tokens (--max-len)")
+    train_data = with_replies(train_data, cfg.max_len)
+    if not train_data["input_ids"]:
+        raise FastEagleError(f"no training data left: no record has a reply token the loss can count within "
+                             f"its first {cfg.max_len} tokens (--max-len)")
+    return train_data
+
+
+def feature_shards(run: Run, train_data: dict | None) -> dict[Path, list[Path]]:
+    """With --features cache, the feature shards to train on per folder (the token data's, written
+    now unless there already, then --add-features' folders); empty: the teacher runs online."""
+    cfg = run.cfg
     if cfg.features == "cache" and train_data is not None:
-        cache_features(model, train_data, fdir, feature_layers, cfg.batch_tokens, cfg.topk)
-    dirs = [fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
+        cache_features(run.model, train_data, run.fdir, run.dcfg.feature_layers, cfg.batch_tokens, cfg.topk)
+    dirs = [run.fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
     shards_by_dir = {d: sorted(d.glob("shard-*.pt")) for d in dirs}
     for d in dirs[1:]:
         if not shards_by_dir[d]:
             raise FastEagleError(f"no feature shards in {d} (extra_features)")
-    shards = [s for d in dirs for s in shards_by_dir[d]]
-    if dirs and not shards:
-        raise FastEagleError(f"no feature shards in {fdir}: the distillation kept no replies (each needs 4 tokens "
-                             "or more); give it more time or tokens (--distill-minutes, --distill-max-new)")
-    if cfg.distill_only:
-        accel.print(f"distilled data written to {out} ({len(shards)} feature shards)")
-        return out
+    if dirs and not any(shards_by_dir.values()):
+        raise FastEagleError(f"no feature shards in {run.fdir}: the distillation kept no replies (each needs 4 "
+                             "tokens or more); give it more time or tokens (--distill-minutes, --distill-max-new)")
+    return shards_by_dir
 
-    # 2. drafter: a trained one to continue, or started from the target's top layers, with a draft
-    #    vocab from reply frequencies
-    rows_per_shard, tokens_per_dir = [], {}
-    if shards:
-        counts = torch.zeros(dcfg.vocab_size, dtype=torch.long)
-        for d in dirs:
-            c, rows = shard_stats(shards_by_dir[d], dcfg.vocab_size)
-            counts, rows_per_shard = counts + c, rows_per_shard + rows
-            tokens_per_dir[str(d)] = int(c.sum())
-    else:
-        counts = data_mod.reply_counts(train_data, dcfg.vocab_size)
+
+@dataclass
+class ReplyStats:
+    """The reply tokens a run trains on: how often each token occurs (indexed by token id), the
+    sequences in each feature shard, and the tokens of each feature folder."""
+
+    counts: torch.Tensor
+    rows_per_shard: list[int] = field(default_factory=list)
+    tokens_per_dir: dict[str, int] = field(default_factory=dict)
+
+
+def reply_stats(run: Run, train_data: dict | None, shards_by_dir: dict[Path, list[Path]]) -> ReplyStats:
+    """Counted in the feature shards when there are any, else in the token data's loss masks."""
+    vocab_size = run.dcfg.vocab_size
+    if not shards_by_dir:
+        return ReplyStats(data_mod.reply_counts(train_data, vocab_size))
+    stats = ReplyStats(torch.zeros(vocab_size, dtype=torch.long))
+    for d, shards in shards_by_dir.items():
+        c, rows = shard_stats(shards, vocab_size)
+        stats.counts, stats.rows_per_shard = stats.counts + c, stats.rows_per_shard + rows
+        stats.tokens_per_dir[str(d)] = int(c.sum())
+    return stats
+
+
+def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]:
+    """The drafter to train, attached to the target: --init-from's, grown to the asked MLP width and
+    draft vocab, or a new one started from the target's top layers with the most frequent reply
+    tokens as its draft vocab. Also returns the steps and minutes it had been trained before."""
+    cfg, dcfg, model, accel = run.cfg, run.dcfg, run.model, run.accel
     n_tokens = int(counts.sum())
     before = {"steps_all": 0, "train_minutes_all": 0.0}  # what the drafter we continue had already had
     if cfg.init_from:
@@ -291,7 +410,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
                         f"{min(cfg.draft_vocab, dcfg.vocab_size)} tokens")
             drafter.grow_vocab(cfg.draft_vocab, counts)
     else:
-        drafter = drafter_cls(dcfg).attach(model)
+        drafter = run.drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:
             drafter.init_from_target(model)
         if dcfg.draft_vocab:
@@ -307,22 +426,39 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
         share = float(top_counts[: cfg.loss_vocab].sum()) / max(1, n_tokens)
         accel.print(f"loss over {drafter.loss_vocab.numel()} frequent draft tokens + each batch's teacher tokens "
                     f"(they hold {share:.1%} of reply tokens)")
+    return drafter, before
 
-    # 3. batches: online teacher, or the fp16 shards computed once
-    if shards:
-        n_batches = sum(math.ceil(r / cfg.micro_batch) for r in rows_per_shard) if cfg.micro_batch else len(shards)
-    else:
-        groups = length_batches([len(s) for s in train_data["input_ids"]], cfg.batch_tokens, shuffle_seed=cfg.seed)
-        n_batches = len(groups)
 
-    def batches(epoch: int, skip: int = 0):
+class Batches:
+    """A run's batches, epoch by epoch: micro-batches cut from the cached feature shards, or token
+    batches of similar lengths that the target teaches as they come."""
+
+    def __init__(self, run: Run, train_data: dict | None, shards_by_dir: dict[Path, list[Path]],
+                 rows_per_shard: list[int]):
+        cfg = run.cfg
+        self.run, self.data, self.rows_per_shard = run, train_data, rows_per_shard
+        self.shards = [s for shards in shards_by_dir.values() for s in shards]
+        self.groups: list[list[int]] = []  # token batches (no shards): indices into train_data
+        if self.shards:
+            self.count = (sum(math.ceil(r / cfg.micro_batch) for r in rows_per_shard) if cfg.micro_batch
+                          else len(self.shards))
+        else:
+            self.groups = length_batches([len(s) for s in train_data["input_ids"]], cfg.batch_tokens,
+                                         shuffle_seed=cfg.seed)
+            self.count = len(self.groups)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         """This process's batches of an epoch, after its first `skip` (a resumed run's). Each shard
         shuffles its micro-batches with its own generator, so skipping needs no shard loaded."""
+        cfg, accel, shards = self.run.cfg, self.run.accel, self.shards
         g = torch.Generator().manual_seed(cfg.seed + epoch)
-        order = torch.randperm(len(shards) if shards else n_batches, generator=g).tolist()
+        order = torch.randperm(len(shards) if shards else self.count, generator=g).tolist()
         for b in process_share(order, accel.process_index, accel.num_processes):
             if shards:
-                n_micro = math.ceil(rows_per_shard[b] / cfg.micro_batch) if cfg.micro_batch else 1
+                n_micro = math.ceil(self.rows_per_shard[b] / cfg.micro_batch) if cfg.micro_batch else 1
                 if skip >= n_micro:
                     skip -= n_micro
                     continue
@@ -334,92 +470,109 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
             if skip:
                 skip -= 1
                 continue
-            idx = groups[b]
-            ids, mask = pad_batch([train_data["input_ids"][i][: cfg.max_len] for i in idx],
-                                  [train_data["loss_mask"][i][: cfg.max_len] for i in idx])
+            idx = self.groups[b]
+            ids, mask = pad_batch([self.data["input_ids"][i][: cfg.max_len] for i in idx],
+                                  [self.data["loss_mask"][i][: cfg.max_len] for i in idx])
             ids = ids.to(accel.device)
-            feats, t_ids, t_p = teach(model, ids, feature_layers, cfg.topk)
+            feats, t_ids, t_p = teach(self.run.model, ids, self.run.dcfg.feature_layers, cfg.topk)
             yield Batch(ids, mask.to(accel.device), feats, t_ids, t_p)
 
-    per_process = math.ceil(n_batches / accel.num_processes)  # each process trains on its share (`process_share`)
-    total_steps = cfg.max_steps or max(1, int(cfg.epochs * per_process))
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    drafter, opt = accel.prepare(drafter, opt)
-    raw = accel.unwrap_model(drafter)
 
-    # 4. resume: the weights, optimizer and RNGs, and where the data and the clock stood
-    step, epoch, in_epoch, trained_s = 0, 0, 0, 0.0
-    ckpt = out / "checkpoint"
-    if (ckpt / "state.json").exists():
-        state = json.loads((ckpt / "state.json").read_text())
-        accel.load_state(str(ckpt / state.get("dir", ".")))  # no "dir": a checkpoint saved in place before
-        step, epoch, in_epoch = state["step"], state.get("epoch", 0), state.get("in_epoch", 0)
-        trained_s = state.get("train_seconds", 0.0)
-        accel.print(f"resumed at step {step} (epoch {epoch}, batch {in_epoch}, {trained_s / 60:.1f} min trained)")
-    initial = evaluate(raw, model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k) \
-        if holdout is not None and cfg.eval_initial and step == 0 else {}
+@dataclass
+class Progress:
+    """Where the optimisation stands (what a checkpoint saves and a resumed run restores), and the
+    loss and accuracy it logged."""
 
-    # 5. train
-    history = []
-    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accel.is_main_process)
-    t_train = time.monotonic() - trained_s  # a resumed run's schedule and time budget go on, not restart
+    step: int = 0
+    epoch: int = 0
+    in_epoch: int = 0  # batches of the epoch done
+    trained_s: float = 0.0  # wall time spent training, a resumed run's earlier part included
+    history: list[dict] = field(default_factory=list)
+
+
+def resume(run: Run) -> Progress:
+    """A cut-off run's last checkpoint: the weights, optimizer and RNGs restored in place, and where
+    the data and the clock stood (a fresh run: the start)."""
+    ckpt = run.out / "checkpoint"
+    if not (ckpt / "state.json").exists():
+        return Progress()
+    state = json.loads((ckpt / "state.json").read_text())
+    run.accel.load_state(str(ckpt / state.get("dir", ".")))  # no "dir": a checkpoint saved in place before
+    progress = Progress(step=state["step"], epoch=state.get("epoch", 0), in_epoch=state.get("in_epoch", 0),
+                        trained_s=state.get("train_seconds", 0.0))
+    run.accel.print(f"resumed at step {progress.step} (epoch {progress.epoch}, batch {progress.in_epoch}, "
+                    f"{progress.trained_s / 60:.1f} min trained)")
+    return progress
+
+
+def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total_steps: int) -> None:
+    """Train until `total_steps` or --minutes, epoch after epoch, logging every 10 steps and saving a
+    checkpoint every `checkpoint_every`; `progress` advances as it goes."""
+    cfg, accel = run.cfg, run.accel
+    bar = tqdm(total=total_steps, initial=progress.step, desc="train", disable=not accel.is_main_process)
+    t_train = time.monotonic() - progress.trained_s  # a resumed run's schedule and time budget go on, not restart
 
     def out_of_time() -> bool:
         return bool(cfg.minutes) and time.monotonic() - t_train > cfg.minutes * 60
 
-    done = step >= total_steps or out_of_time()
+    done = progress.step >= total_steps or out_of_time()
     while not done:
-        for batch in batches(epoch, in_epoch):
-            in_epoch += 1
+        for batch in batches.epoch(progress.epoch, progress.in_epoch):
+            progress.in_epoch += 1
             with accel.autocast():  # through forward(), so that DDP syncs gradients
                 loss, stats = drafter(batch.feats, batch.input_ids, batch.loss_mask, batch.teacher_ids,
                                       batch.teacher_probs)
             accel.backward(loss)
             accel.clip_grad_norm_(drafter.parameters(), cfg.clip)
             for group in opt.param_groups:
-                group["lr"] = lr_at(cfg, step, total_steps, time.monotonic() - t_train)
+                group["lr"] = lr_at(cfg, progress.step, total_steps, time.monotonic() - t_train)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            step += 1
+            progress.step += 1
             bar.update(1)
-            if step % 10 == 0:
-                history.append({"step": step, "loss": float(loss.detach())} | stats)
+            if progress.step % 10 == 0:
+                progress.history.append({"step": progress.step, "loss": float(loss.detach())} | stats)
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
-            if step % cfg.checkpoint_every == 0:
-                save_checkpoint(accel, ckpt, {"step": step, "epoch": epoch, "in_epoch": in_epoch,
-                                              "train_seconds": round(time.monotonic() - t_train, 3)})
-            if step >= total_steps or out_of_time():
+            if progress.step % cfg.checkpoint_every == 0:
+                save_checkpoint(accel, run.out / "checkpoint",
+                                {"step": progress.step, "epoch": progress.epoch, "in_epoch": progress.in_epoch,
+                                 "train_seconds": round(time.monotonic() - t_train, 3)})
+            if progress.step >= total_steps or out_of_time():
                 done = True
                 break
         else:  # the epoch ran out (a resumed run's may have been done already: in_epoch > 0)
-            if in_epoch == 0:
-                raise FastEagleError(f"an epoch gave this process no batch to train on ({n_batches} batches for "
-                                     f"{accel.num_processes} processes); give it more data")
-            epoch, in_epoch = epoch + 1, 0
+            if progress.in_epoch == 0:
+                raise FastEagleError(f"an epoch gave this process no batch to train on ({len(batches)} batches "
+                                     f"for {accel.num_processes} processes); give it more data")
+            progress.epoch, progress.in_epoch = progress.epoch + 1, 0
             done = out_of_time()
     bar.close()
-    train_minutes = (time.monotonic() - t_train) / 60
+    progress.trained_s = time.monotonic() - t_train
 
-    # 6. evaluate and save
-    metrics = {}
-    if holdout is not None:
-        metrics = evaluate(raw, model, holdout, cfg.eval_sequences, cfg.max_len, raw.tree_k)
-        accel.print(json.dumps(metrics, indent=1))
-    if accel.is_main_process:
-        info = {"training": asdict(cfg) | {"steps": step, "epochs_done": step / per_process,
-                                             "train_tokens": n_tokens, "tokens_per_feature_dir": tokens_per_dir,
-                                             "train_minutes": round(train_minutes, 2),
-                                             "total_minutes": round((time.monotonic() - t_start) / 60, 2),
-                                             "device": torch.cuda.get_device_name() if accel.device.type == "cuda"
-                                             else "cpu"},
-                "holdout": metrics, "holdout_initial": initial}
-        info["training"] |= {"command": command, "steps_all": before["steps_all"] + step,
-                             "train_minutes_all": round(before["train_minutes_all"] + train_minutes, 2)}
-        raw.save(out, extra=info, shard_mb=cfg.shard_mb)
-        write_text(out / "README.md", model_card(raw, info))
-        write_text(out / "history.json", json.dumps(history))
-        write_text(out / "eval.json", json.dumps({"holdout": metrics, "holdout_initial": initial}, indent=2))
-    return out
+
+def run_info(run: Run, progress: Progress, epochs_done: float, replies: ReplyStats, before: dict,
+             command: str | None) -> dict:
+    """The run's settings and what it did, saved as `training` in the drafter's config.json."""
+    cfg, accel = run.cfg, run.accel
+    train_minutes = progress.trained_s / 60
+    return {"training": asdict(cfg) | {
+        "steps": progress.step, "epochs_done": epochs_done, "train_tokens": int(replies.counts.sum()),
+        "tokens_per_feature_dir": replies.tokens_per_dir, "train_minutes": round(train_minutes, 2),
+        "total_minutes": round((time.monotonic() - run.t_start) / 60, 2),
+        "device": torch.cuda.get_device_name() if accel.device.type == "cuda" else "cpu",
+        "command": command, "steps_all": before["steps_all"] + progress.step,
+        "train_minutes_all": round(before["train_minutes_all"] + train_minutes, 2),
+    }}
+
+
+def save_run(run: Run, drafter: CascadedDrafter, info: dict, history: list[dict]) -> None:
+    """The drafter's weights and config, its model card, the loss history and the evaluation."""
+    out = run.out
+    drafter.save(out, extra=info, shard_mb=run.cfg.shard_mb)
+    write_text(out / "README.md", model_card(drafter, info))
+    write_text(out / "history.json", json.dumps(history))
+    write_text(out / "eval.json", json.dumps({"holdout": info["holdout"], "holdout_initial": info["holdout_initial"]},
+                                             indent=2))
 
 
 def no_data(cfg: TrainConfig, distilled: bool = False) -> FastEagleError:
