@@ -308,8 +308,8 @@ class Engine:
             try:
                 self._drafters[key] = build(m.key, self.target, settings)
                 self._default_k[key] = getattr(self._drafters[key], "tree_k", None)
-            except FastEagleError:
-                raise
+            except FastEagleError as exc:  # say which method's drafter, as the startup check does
+                raise FastEagleError(f"the {m.label} drafter could not be loaded: {exc}") from None
             except Exception as exc:  # a corrupt or incompatible checkpoint: one line, not a traceback
                 log.exception("loading the %s drafter failed", m.label)
                 raise FastEagleError(f"the {m.label} drafter at {m.drafter_dir} failed to load: "
