@@ -5,7 +5,10 @@ With several earlier occurrences that continue differently it drafts a small tre
 distinct continuation. Repetitive text (code, quoting the prompt) gets real acceptances.
 
 How far it drafts follows the evidence: after an n-token match at most 2**n tokens (a one-token
-match is a weak guess, and every drafted node costs verify time), up to `depth`.
+match is a weak guess, and every drafted node costs verify time), up to `depth`. The index holds
+n-grams up to `max_ngram`, but a match is measured further back (up to `max_match` tokens): text
+being copied (a document restated, a quoted passage) matches far back, and earns a long draft.
+Among earlier occurrences the longest match comes first, the newest among equals.
 
 The n-grams of the history are indexed as they arrive, so a draft costs the same at any context
 length (a scan of the history cost ~0.4 ms a step at 700 tokens, and grew with every token).
@@ -22,11 +25,13 @@ from fasteagle.tree import DraftTree, make_tree, root_only
 class LookupDrafter:
     feature_layers: tuple[int, ...] = ()
 
-    def __init__(self, max_ngram: int = 3, depth: int = 8, branches: int = 2, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, depth: int = 16, branches: int = 2, min_ngram: int = 1,
+                 max_match: int = 8):
         if not (1 <= min_ngram <= max_ngram and depth >= 1 and branches >= 1):
             raise FastEagleError(f"lookup needs 1 <= min_ngram <= max_ngram, depth >= 1 and branches >= 1 (got "
                                  f"min_ngram={min_ngram}, max_ngram={max_ngram}, depth={depth}, branches={branches})")
         self.max_ngram, self.depth, self.branches, self.min_ngram = max_ngram, depth, branches, min_ngram
+        self.max_match = max(max_match, max_ngram)
         self.device = torch.device("cpu")
         self.reset()
 
@@ -57,12 +62,15 @@ class LookupDrafter:
 
     def _continuations(self, root: int) -> list[list[int]]:
         """Distinct continuations after earlier matches of the longest matching suffix of history +
-        [root], newest first. A match lies wholly in the history; its continuation may end with the root."""
+        [root], longest match first. A match lies wholly in the history; its continuation may end with
+        the root."""
         h = self.history
         for n in range(min(self.max_ngram, len(h)), self.min_ngram - 1, -1):
-            length = min(self.depth, 2 ** n)
+            starts = self.starts.get((*h[len(h) - n + 1:], root), ())
+            ranked = sorted(((self._match(start, n), start) for start in starts), reverse=True)
             found: list[list[int]] = []
-            for start in reversed(self.starts.get((*h[len(h) - n + 1:], root), ())):
+            for m, start in ranked:
+                length = min(self.depth, 2 ** m)
                 cont = h[start + n:start + n + length]
                 if len(cont) < length:  # reaches the end of the history: the root comes next
                     cont.append(root)
@@ -73,6 +81,15 @@ class LookupDrafter:
             if found:
                 return found
         return []
+
+    def _match(self, start: int, n: int) -> int:
+        """How many tokens the occurrence of the current n-gram at `start` matches, counting back past
+        the n-gram up to `max_match` (the current suffix is history[-(n-1):] + [root])."""
+        h, m = self.history, n
+        while m < self.max_match and start - (m - n) - 1 >= 0 and len(h) - m >= 0 \
+                and h[start - (m - n) - 1] == h[len(h) - m]:
+            m += 1
+        return m
 
     def tree(self, root: int, device: torch.device | str) -> DraftTree:
         """The draft tree from `root` on `device` (the host for a caller that edits it further)."""

@@ -49,8 +49,20 @@ def test_longest_suffix_wins():
     # [1, 2, 3] occurred before (then 9); the 1-gram [3] occurred more recently (then 4)
     toks, _ = drafted([1, 2, 3, 9, 7, 3, 4, 1, 2], 3)
     assert toks[1] == 9
-    toks, _ = drafted([1, 2, 3, 9, 7, 3, 4, 1, 2], 3, max_ngram=1)
+    toks, _ = drafted([1, 2, 3, 9, 7, 3, 4, 1, 2], 3, max_ngram=1, max_match=1)
     assert toks[1] == 4  # with unigrams only, the newest occurrence wins
+    toks, _ = drafted([1, 2, 3, 9, 7, 3, 4, 1, 2], 3, max_ngram=1)
+    assert toks[1] == 9  # unless an older one matches further back: [1, 2, 3] against [3] alone
+
+
+def test_a_long_match_earns_a_long_copy():
+    """A passage being restated matches far back: its draft grows to `depth`, where the 3-gram index
+    alone would stop at 2**3 tokens."""
+    passage = list(range(10, 40))
+    toks, parents = drafted(passage + [5, 6] + passage[:9], passage[9], depth=16)
+    assert toks[1:] == passage[10:26] and parents == [-1, *range(16)]
+    toks, _ = drafted(passage + [5, 6] + passage[:9], passage[9], depth=16, max_match=3)
+    assert toks[1:] == passage[10:18]
 
 
 def test_branches_newest_first_with_distinct_first_tokens():
@@ -121,13 +133,24 @@ def test_in_the_loop_drafts_come_from_the_history(tiny):
     assert all(0 <= t < TINY_VOCAB for t in out)
 
 
-def scanned(seq: list[int], max_ngram: int, depth: int, branches: int, min_ngram: int) -> list[list[int]]:
-    """The definition the drafter's n-gram index implements, as a plain scan of history + [root]."""
+def scanned(seq: list[int], max_ngram: int, depth: int, branches: int, min_ngram: int,
+            max_match: int) -> list[list[int]]:
+    """The definition the drafter's n-gram index implements, as a plain scan of history + [root]: the
+    longest suffix with earlier occurrences; those ranked by how far back they match (newest first
+    among equals); each copies 2**match tokens, up to `depth`."""
     for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
-        found: list[list[int]] = []
+        ranked = []
         for start in range(len(seq) - n - 1, -1, -1):
-            cont = seq[start + n:start + n + min(depth, 2 ** n)]
-            if seq[start:start + n] == seq[-n:] and all(c[0] != cont[0] for c in found):
+            if seq[start:start + n] == seq[-n:]:
+                m = n
+                while m < max(max_match, max_ngram) and start - (m - n) - 1 >= 0 and \
+                        seq[start - (m - n) - 1] == seq[-m - 1]:
+                    m += 1
+                ranked.append((m, start))
+        found: list[list[int]] = []
+        for m, start in sorted(ranked, reverse=True):
+            cont = seq[start + n:start + n + min(depth, 2 ** m)]
+            if all(c[0] != cont[0] for c in found):
                 found.append(cont)
                 if len(found) == branches:
                     break
@@ -136,12 +159,13 @@ def scanned(seq: list[int], max_ngram: int, depth: int, branches: int, min_ngram
     return []
 
 
-@pytest.mark.parametrize("kw", [{}, {"min_ngram": 2}, {"max_ngram": 4, "depth": 5, "branches": 3}])
+@pytest.mark.parametrize("kw", [{}, {"min_ngram": 2}, {"max_ngram": 4, "depth": 5, "branches": 3},
+                                {"max_match": 3}, {"max_ngram": 2, "max_match": 12, "depth": 64}])
 def test_the_index_drafts_what_a_scan_of_the_history_finds(kw):
     """Random small-alphabet text fed in uneven chunks: every step's tree is the scan's continuations."""
     gen = torch.Generator().manual_seed(0)
     d = LookupDrafter(**kw)
-    spec = {"max_ngram": 3, "depth": 8, "branches": 2, "min_ngram": 1} | kw
+    spec = {"max_ngram": 3, "depth": 16, "branches": 2, "min_ngram": 1, "max_match": 8} | kw
     for _ in range(3):
         d.reset(0)
         text = torch.randint(0, 5, (300,), generator=gen).tolist()
