@@ -19,7 +19,7 @@ import torch
 from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import ContextOverflowError, KVCache
 from fasteagle.target import Target
-from fasteagle.trace import StepTrace
+from fasteagle.trace import NEVER_REACHED, StepTrace
 from fasteagle.tree import DraftTree, make_tree, path_tree, root_only, select
 from fasteagle.verify import SamplingParams, Verdict, tree_forward, verify
 
@@ -215,6 +215,8 @@ def _step(state: Decode, root: int) -> StepTrace:
     new = path_tokens[1:].tolist() + [verdict.bonus]
     depths = tree.depths[verdict.path][1:].tolist() + [0]
     new, depths, finished = _clip(new, depths, state.stop_ids, state.generated, state.max_new_tokens)
+    path, status, bonus = _end_at_stop(verdict.path.tolist(), verdict.status.tolist(), drawn["depths"],
+                                       verdict.bonus, len(new))
     if state.drafter and not finished:
         state.drafter.extend(path_tokens, feats[verdict.path] if feats is not None else None, verdict.bonus)
     if state.sync_phases:
@@ -224,10 +226,19 @@ def _step(state: Decode, root: int) -> StepTrace:
     return StepTrace(
         step=state.step, tokens=new, token_depths=depths, text=state.detokenizer.add(new),
         draft_ms=((t1 - t0) + (t3 - t2) - t_trace) * 1e3, verify_ms=(t2 - t1) * 1e3,
-        tree=drawn, status=verdict.status.tolist(), target_probs=verdict.target_probs.tolist(),
-        path=verdict.path.tolist(), generated=state.generated, forwards=state.forwards, finished=finished,
-        bonus=verdict.bonus,
+        tree=drawn, status=status, target_probs=verdict.target_probs.tolist(),
+        path=path, generated=state.generated, forwards=state.forwards, finished=finished, bonus=bonus,
     )
+
+
+def _end_at_stop(path: list[int], status: list[int], depths: list[int], bonus: int, emitted: int):
+    """The verdict as the trace keeps it when a stop token cut the chunk: the reply ended there, so the
+    path stops at the last emitted token, nodes deeper than it count as never reached (whatever the
+    target thought of them), and the bonus token, not emitted, is none (-1). Every count drawn from the
+    trace (tau, per-depth acceptance, the picture) then agrees with the emitted tokens."""
+    if emitted >= len(path):  # every accepted draft and the bonus were emitted: nothing cut
+        return path, status, bonus
+    return path[:emitted + 1], [NEVER_REACHED if d > emitted else v for v, d in zip(status, depths)], -1
 
 
 def _shallow(tree: DraftTree, max_depth: int) -> DraftTree:

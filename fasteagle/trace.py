@@ -88,7 +88,8 @@ def step_lengths(steps: Iterable[Step]) -> list[int]:
 
 
 def accepted_lengths(steps: Iterable[Step]) -> list[int]:
-    """Draft tokens the verifier accepted at each decode step (the bonus not counted, nothing cut)."""
+    """Draft tokens each decode step accepted and emitted (the bonus not counted; the path ends at a
+    stop token, `generate` cuts it there)."""
     return [max(len(_get(s, "path") or [0]) - 1, 0) for s in decode_steps(steps)]
 
 

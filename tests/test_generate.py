@@ -487,3 +487,27 @@ def test_sampled_decoding_keeps_the_targets_distribution_end_to_end(tiny):
     assert accepted[1] > 300 and accepted[2] > 15, accepted  # depth 1 and depth 2 really accepted
     stat, crit, dof = bins.chi_square(counts, n)
     assert dof >= 40 and stat < crit, f"chi-square {stat:.1f} >= {crit:.1f} (dof {dof}): not the target's distribution"
+
+
+def test_the_trace_ends_where_a_stop_token_ends_the_reply(tiny):
+    """A stop token drafted inside an accepted chunk ends the reply there: the trace's path, verdicts
+    and bonus stop with it (nodes below it were judged by the target, but no reply reaches them), so
+    tau, per-depth acceptance and the picture all count what was emitted."""
+    from fasteagle import trace as T
+
+    ids = torch.tensor([1, 5, 9, 12, 3, 1, 6])
+    ref = [t for tr in generate(tiny, ids, max_new_tokens=24, stop_ids=set()) for t in tr.tokens]
+    stop = ref[6]
+    cut = ref[:ref.index(stop) + 1]
+    drafter = OracleDrafter(ref, TINY_VOCAB, "chain", depth=8, corrupt=0.0)
+    traces = list(generate(tiny, ids, drafter=drafter, max_new_tokens=24, stop_ids={stop}))
+    last = traces[-1]
+    assert [t for tr in traces for t in tr.tokens] == cut and last.finished == "eos"
+    drafts = sum(d > 0 for d in last.token_depths)
+    assert last.token_depths[-1] > 0, "the oracle drafts the stop token; the setup must make it a drafted one"
+    assert len(last.path) - 1 == drafts and last.bonus == -1
+    depths = last.tree["depths"]
+    assert all(v == T.NEVER_REACHED for v, d in zip(last.status, depths) if d > drafts)
+    assert sum(v == T.ACCEPTED for v in last.status) == drafts + 1  # the root counts as accepted
+    assert T.accepted_lengths(traces)[-1] == drafts
+    assert last.tau == pytest.approx(sum(T.step_lengths(traces)) / last.forwards)
