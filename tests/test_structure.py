@@ -88,3 +88,14 @@ def test_no_function_runs_past_80_lines():
                 if n > MAX_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, "split these into named steps: " + "; ".join(long)
+
+
+def test_the_readme_module_map_names_every_module():
+    """The README's map of modules lists each module of fasteagle/ (a package as one row) and nothing
+    that is not there."""
+    import re
+
+    rows = set(re.findall(r"^\| `(fasteagle/[\w/.]+)` \|", (ROOT / "README.md").read_text(), re.M))
+    have = {f"fasteagle/{p.name}" + ("/" if p.is_dir() else "") for p in (ROOT / "fasteagle").iterdir()
+            if (p.suffix == ".py" and p.stem not in ("__init__", "__main__")) or (p / "__init__.py").exists()}
+    assert rows == have, f"missing from the README: {sorted(have - rows)}; gone from the code: {sorted(rows - have)}"
