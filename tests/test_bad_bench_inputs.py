@@ -14,6 +14,7 @@ import pytest
 import fasteagle.target
 from fasteagle import bench, cli, files
 from tests.test_bad_inputs import READ_ONLY, assert_one_line_error, bad_dir, run_main, tiny_dir  # noqa: F401
+from tests.test_bench import interrupt_on_call
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "bench" / "results" / "cpu-draft-step-smollm2-135m-2026-11-25.json"
@@ -94,15 +95,9 @@ def test_bench_bad_input_is_one_line(args, word, tmp_path, tiny_dir, bad_dir, in
 def test_ctrl_c_says_what_the_bench_kept(tiny_dir, inputs, tmp_path, capsys, monkeypatch):  # noqa: F811
     """Ctrl-C after the first prompt: the result of that prompt is kept (marked partial) and one line
     says so, or says nothing was kept where no --out was given; exit code 130 either way."""
-    real, calls = bench.time_one, []
-
-    def interrupt_on_the_second_prompt(*a, **k):
-        calls.append(1)
-        if len(calls) == 5:  # 2 warmup runs, 2 for the first prompt, then the second prompt
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(bench.timing, "time_one", interrupt_on_the_second_prompt)
+    timed = interrupt_on_call(5, bench.time_one)  # 2 warmup runs, 2 for the first prompt, then the second
+    calls = timed.calls
+    monkeypatch.setattr(bench.timing, "time_one", timed)
     out = tmp_path / "r.json"
     argv = ["bench", "--prompts", str(inputs / "prompts.jsonl"), "--methods", "vanilla,lookup", "--target",
             str(tiny_dir), "--device", "cpu", "--max-new-tokens", "4"]

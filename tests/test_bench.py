@@ -461,6 +461,19 @@ def test_budget_curve_reads_lookups_proposals_step_by_step(tiny):
     assert doc["budget_curve"]["all"]["8"] == round(decoded, 3)
 
 
+def interrupt_on_call(n: int, real):
+    """`real` (bench's time_one) that raises KeyboardInterrupt on its n-th call; `.calls` counts them
+    (a test may refill it to move the interrupt)."""
+    def timed(*a, **k):
+        timed.calls.append(1)
+        if len(timed.calls) == n:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    timed.calls = []
+    return timed
+
+
 def test_a_bench_cut_short_keeps_the_prompts_it_finished(tiny, tmp_path, monkeypatch):
     """A run killed by a time limit (a GPU loan's, or Ctrl-C) leaves a result JSON of the prompts
     it finished, marked partial; a whole run leaves the plain document."""
@@ -473,15 +486,9 @@ def test_a_bench_cut_short_keeps_the_prompts_it_finished(tiny, tmp_path, monkeyp
     out = tmp_path / "r.json"
     argv = ["bench", "--prompts", str(prompts), "--methods", "vanilla,lookup", "--max-new-tokens", "6",
             "--device", "cpu", "--out", str(out)]
-    real, calls = bench.time_one, []
-
-    def stop_on_the_second_prompt(*a, **k):
-        calls.append(1)
-        if len(calls) == 5:  # 2 warmup runs, 2 for the first prompt, then the second prompt
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(bench.timing, "time_one", stop_on_the_second_prompt)
+    real = bench.time_one
+    # 2 warmup runs, 2 for the first prompt, then the second prompt
+    monkeypatch.setattr(bench.timing, "time_one", interrupt_on_call(5, real))
     assert main(argv) == 130
     doc = json.loads(out.read_text())
     assert doc["partial"] == {"prompts_done": 1, "prompts": 3}
