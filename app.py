@@ -589,6 +589,9 @@ class Handlers:
             drafter = engine.drafter(req)  # loaded here (cached) so that a bad checkpoint warns early
         except FastEagleError as exc:
             gr.Warning(str(exc))
+            # every output kept as it is: a generator that yields nothing would blank them all (and the
+            # slider's None would then break its change event)
+            yield {c: gr.skip() for c in ui.outputs}
             return
         yield {ui.spec_stats: _fmt_stats("speculative", None, 0), ui.van_stats: _fmt_stats("vanilla", None, 0),
                ui.spec_reply: viz.spans_html([]), ui.van_reply: viz.spans_html([], legend=False), ui.summary: "",
