@@ -260,6 +260,8 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
     fig = go.Figure()
     fig.add_trace(_edges(d.lay, len(d.shown) + len(d.folds)))
     fig.add_trace(_accepted_path(d))
+    if d.lay.bonus is not None:  # under the nodes, and never hovered
+        fig.add_trace(_bonus_edge(d))
     for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):  # each always present so the legend stays put
         fig.add_trace(_verdict_nodes(d, verdict))
     for verdict, name in ((NEVER_REACHED, FOLDED_NAME), (REJECTED, FOLDED_REJECTED_NAME)):
@@ -329,16 +331,24 @@ def _folded_nodes(d: _Drawing, verdict: int, name: str) -> go.Scatter:
     )
 
 
-def _bonus_node(d: _Drawing) -> go.Scatter:
-    """The target's own token, a star hanging from the accepted path's last node by a dotted line."""
+def _bonus_edge(d: _Drawing) -> go.Scatter:
+    """The dotted line from the accepted path's last node to the bonus star; never hovered, so that
+    hovering that node shows its own tooltip (the line's start point sits on it)."""
     lay, b, p = d.lay, d.lay.bonus, d.at[d.path[-1]]
+    return go.Scatter(x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines", name="bonus edge",
+                      hoverinfo="skip", showlegend=False,
+                      line={"color": BONUS_COLOR, "width": 2, "dash": "dot", "shape": "hvh"})
+
+
+def _bonus_node(d: _Drawing) -> go.Scatter:
+    """The target's own token, a star hanging from the accepted path's last node (`_bonus_edge`)."""
+    lay, b = d.lay, d.lay.bonus
     return go.Scatter(
-        x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines+markers+text", name=BONUS_NAME,
-        text=["", token_label(d.bonus_text)], textposition="top center",
+        x=[lay.x[b]], y=[lay.y[b]], mode="markers+text", name=BONUS_NAME,
+        text=[token_label(d.bonus_text)], textposition="top center",
         textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": BONUS_COLOR},
-        line={"color": BONUS_COLOR, "width": 2, "dash": "dot", "shape": "hvh"},
-        marker={"size": [0, MARKER_PX + 4], "color": BONUS_COLOR, "symbol": "star"},
-        customdata=[["", ""], [d.bonus_tok, repr(d.bonus_text)]],
+        marker={"size": MARKER_PX + 4, "color": BONUS_COLOR, "symbol": "star"},
+        customdata=[[d.bonus_tok, repr(d.bonus_text)]],
         hovertemplate="%{customdata[1]}<br>token id %{customdata[0]}<br>the target's own token after the "
                       "accepted path<extra></extra>",
     )
