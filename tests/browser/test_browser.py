@@ -161,3 +161,36 @@ def test_run_and_replay_in_a_browser(app_url, page):
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 20_000
+
+
+def test_an_error_keeps_the_last_run_on_screen(app_url, page):
+    """A refused prompt shows a warning and leaves the previous run as it was (no blanked outputs,
+    no 500 from a chained event fed a blank value)."""
+    url, _ = app_url
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 500 else None)
+    page.goto(url, wait_until="load")
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#method label", has_text="lookup").first.click()
+    num = page.locator("#max-new input[type=number]")
+    num.fill("8")
+    num.press("Enter")
+    page.locator("#run").click()
+    page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+    reply = page.locator("#spec-reply .fe-reply").inner_text()
+    badge = page.locator("#identical-badge").inner_text()
+    info = page.locator("#step-info").inner_text()
+    assert reply.strip() and "Step" in info
+
+    page.locator("#prompt textarea").fill("   ")
+    page.locator("#run").click()
+    page.wait_for_selector(".toast-body", timeout=30_000)
+    assert "empty" in page.locator(".toast-body").first.inner_text()
+    page.wait_for_timeout(1500)  # any (wrong) blanking of the outputs and the slider's event would land here
+    assert page.locator("#spec-reply .fe-reply").inner_text() == reply
+    assert page.locator("#identical-badge").inner_text() == badge
+    assert page.locator("#step-info").inner_text() == info
+    assert _plot_traces(page, "tree-plot")
+    assert page.locator("#step-slider input[type=number]").input_value() != ""
+    assert not failed, failed
