@@ -782,7 +782,8 @@ def connect(ui: UI, handlers: Handlers, engine: Engine) -> None:
                      api_visibility="private", concurrency_limit=1, concurrency_id="decode")
     ui.step_slider.change(handlers.on_step, [ui.step_slider, ui.run_state], [ui.tree_plot, ui.step_info],
                           api_name="replay_step", queue=False, show_progress="hidden")
-    ui.upload.upload(handlers.on_upload, [ui.upload], ui.outputs, api_name="replay_file", queue=False)
+    # queued: gr.Warning reaches the page only from a queued event (else only the server log)
+    ui.upload.upload(handlers.on_upload, [ui.upload], ui.outputs, api_name="replay_file")
 
 
 # -- the app ----------------------------------------------------------------------------------------

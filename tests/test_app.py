@@ -352,3 +352,21 @@ def test_default_model_end_to_end(smollm, random_drafter):
         assert all(len(t["tokens"]) > 1 for t in trees[:-1])
         res = call_run(client, "Repeat after me: red green blue, red green blue.", method="lookup", max_new=8)
         check_complete_run(res, 8)
+
+
+def test_a_file_that_is_not_a_trace_warns_the_user(tiny_app, warnings, tmp_path):
+    """The warning reaches the page, not only the server log as a UserWarning: gr.Warning needs a
+    queued event (the browser calls an unqueued one without an event id; gradio_client always queues)."""
+    import warnings as pywarnings
+
+    dep = next(d for d in tiny_app.config["dependencies"] if d.get("api_name") == "replay_file")
+    assert dep["queue"] is not False
+
+    bad = tmp_path / "hello.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    with served(tiny_app) as client, pywarnings.catch_warnings(record=True) as logged:
+        pywarnings.simplefilter("always")
+        out = client.predict(handle_file(str(bad)), api_name="/replay_file")
+    assert all(kept(v) for v in out), out
+    assert "cannot replay this file" in warnings[-1]
+    assert not [w for w in logged if "cannot replay" in str(w.message)], [str(w.message) for w in logged]
