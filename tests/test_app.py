@@ -370,3 +370,20 @@ def test_a_file_that_is_not_a_trace_warns_the_user(tiny_app, warnings, tmp_path)
     assert all(kept(v) for v in out), out
     assert "cannot replay this file" in warnings[-1]
     assert not [w for w in logged if "cannot replay" in str(w.message)], [str(w.message) for w in logged]
+
+
+def test_a_replayed_file_loads_its_prompt_and_settings(tiny_app, tmp_path):
+    """After /replay_file the page chains /replay_settings: the controls show the file's prompt, method
+    and settings (once: a later call, or a refused file, leaves the controls alone)."""
+    with served(tiny_app) as client:
+        res = call_run(client, "w9 w10 w11 w9 w10 w11", max_new=7, tree_k="3", budget=5, seed=4,
+                       shape="backbone")
+        call_run(client, "w12 w13", max_new=3)  # another run on screen, its settings in the controls
+        client.predict(handle_file(res["download"]), api_name="/replay_file")
+        got = client.predict(api_name="/replay_settings")
+        assert list(got) == ["w9 w10 w11 w9 w10 w11", "lookup", 0.0, 7, "3", 5, "backbone", 4]
+        assert all(kept(v) for v in client.predict(api_name="/replay_settings"))
+        bad = tmp_path / "hello.json"
+        bad.write_text(json.dumps({"hello": 1}))
+        client.predict(handle_file(str(bad)), api_name="/replay_file")
+        assert all(kept(v) for v in client.predict(api_name="/replay_settings"))
