@@ -597,7 +597,9 @@ class Handlers:
                ui.spec_reply: viz.spans_html([]), ui.van_reply: viz.spans_html([], legend=False), ui.summary: "",
                ui.step_info: "",
                ui.badge: '<div class="badge info">decoding…</div>',
-               ui.step_slider: gr.Slider(interactive=False),
+               # the decode's own range (grown by _stream), not the static 0..MAX_NEW_TOKENS; the state is
+               # empty meanwhile, so that the slider's change events draw nothing of the previous run
+               ui.step_slider: gr.Slider(minimum=0, maximum=1, value=0, interactive=False), ui.run_state: None,
                ui.tree_plot: viz.empty_figure("prefill: the target reads the prompt…")}
         try:
             if self.precompute:
@@ -645,9 +647,11 @@ class Handlers:
             if side == "speculative":
                 fig = viz.tree_figure(tr, self.engine.label_decode, min_height=tree_height)
                 tree_height = fig.layout.height
+                steps = len(record[side]["traces"]) - 1
                 yield {ui.spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
                        ui.spec_reply: viz.spans_html(builders[side].spans),
-                       ui.tree_plot: fig}
+                       ui.tree_plot: fig,
+                       ui.step_slider: gr.Slider(minimum=0, maximum=max(steps, 1), value=steps, interactive=False)}
             else:
                 yield {ui.van_stats: _fmt_stats("vanilla", tr, spent),
                        ui.van_reply: viz.spans_html(builders[side].spans, legend=False)}

@@ -387,3 +387,17 @@ def test_a_replayed_file_loads_its_prompt_and_settings(tiny_app, tmp_path):
         bad.write_text(json.dumps({"hello": 1}))
         client.predict(handle_file(str(bad)), api_name="/replay_file")
         assert all(kept(v) for v in client.predict(api_name="/replay_settings"))
+
+
+def test_the_slider_shows_the_decodes_range_while_decoding(tiny_app, monkeypatch):
+    """While decoding, the replay slider spans the steps decoded so far, not 0..MAX_NEW_TOKENS."""
+    monkeypatch.setattr(app, "FRAME_S", 0.0)  # every step on screen
+    with served(tiny_app) as client:
+        job = client.submit("w9 w10 w11 w9 w10 w11 w9 w10", "lookup", 0.0, 12, "4", 8, 0, "product",
+                            api_name="/run")
+        final = dict(zip(OUT, job.result()))
+        sliders = [dict(zip(OUT, out))["slider"] for out in job.outputs()]
+    last = final["slider"]["maximum"]
+    assert last < app.MAX_NEW_TOKENS
+    during = [s for s in sliders[:-1] if isinstance(s, dict) and "maximum" in s]
+    assert during and all(s["maximum"] <= max(last, 1) and s["interactive"] is False for s in during), during
