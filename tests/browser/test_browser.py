@@ -196,45 +196,42 @@ def test_an_error_keeps_the_last_run_on_screen(app_url, page):
     assert not failed, failed
 
 
-def test_the_tree_fits_a_narrow_screen(app_url, tmp_path_factory):
+def test_the_tree_fits_a_narrow_screen(app_url, page):
     """At 390 px wide (a phone) the tree's labels lie inside the plot and the Plotly toolbar does not
     cover the title."""
     url, _ = app_url
-    home = tmp_path_factory.mktemp("chromium-narrow")
-    env = dict(os.environ, HOME=str(home), XDG_CONFIG_HOME=str(home / "config"), XDG_CACHE_HOME=str(home / "cache"))
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS, env=env)
-        try:
-            pg = browser.new_context(viewport={"width": 390, "height": 844}).new_page()
-            pg.set_default_timeout(120_000)
-            pg.goto(url, wait_until="load")
-            pg.locator("#prompt textarea").fill(PROMPT)
-            pg.locator("#method label", has_text="lookup").first.click()
-            num = pg.locator("#max-new input[type=number]")
-            num.fill("12")
-            num.press("Enter")
-            pg.locator("#run").click()
-            pg.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
-            pg.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
-            plot = pg.locator("#tree-plot .js-plotly-plot")
-            plot.scroll_into_view_if_needed()
-            plot.hover()  # the toolbar shows on hover
-            pg.wait_for_timeout(800)
-            boxes = pg.evaluate("""() => {
-                const root = document.querySelector('#tree-plot .js-plotly-plot');
-                const r = (el) => { const b = el.getBoundingClientRect();
-                                    return {l: b.left, t: b.top, r: b.right, b: b.bottom, w: b.width, h: b.height}; };
-                const bar = root.querySelector('.modebar');
-                return {plot: r(root.querySelector('.main-svg')),
-                        title: r(root.querySelector('.gtitle')),
-                        bar: bar ? r(bar) : null,
-                        area: r(root.querySelector('.nsewdrag')),
-                        labels: Array.from(root.querySelectorAll('.scatterlayer .trace')).flatMap(g => {
-                            const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
-                            return Array.from(g.querySelectorAll('.textpoint text')).filter(t => t.textContent)
-                                        .map(t => Object.assign(r(t), {clip})); })}; }""")
-        finally:
-            browser.close()
+    context = page.context.browser.new_context(viewport={"width": 390, "height": 844})  # the same browser
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(120_000)
+        pg.goto(url, wait_until="load")
+        pg.locator("#prompt textarea").fill(PROMPT)
+        pg.locator("#method label", has_text="lookup").first.click()
+        num = pg.locator("#max-new input[type=number]")
+        num.fill("12")
+        num.press("Enter")
+        pg.locator("#run").click()
+        pg.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+        pg.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+        plot = pg.locator("#tree-plot .js-plotly-plot")
+        plot.scroll_into_view_if_needed()
+        plot.hover()  # the toolbar shows on hover
+        pg.wait_for_timeout(800)
+        boxes = pg.evaluate("""() => {
+            const root = document.querySelector('#tree-plot .js-plotly-plot');
+            const r = (el) => { const b = el.getBoundingClientRect();
+                                return {l: b.left, t: b.top, r: b.right, b: b.bottom, w: b.width, h: b.height}; };
+            const bar = root.querySelector('.modebar');
+            return {plot: r(root.querySelector('.main-svg')),
+                    title: r(root.querySelector('.gtitle')),
+                    bar: bar ? r(bar) : null,
+                    area: r(root.querySelector('.nsewdrag')),
+                    labels: Array.from(root.querySelectorAll('.scatterlayer .trace')).flatMap(g => {
+                        const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
+                        return Array.from(g.querySelectorAll('.textpoint text')).filter(t => t.textContent)
+                                    .map(t => Object.assign(r(t), {clip})); })}; }""")
+    finally:
+        context.close()
     plot, title, bar = boxes["plot"], boxes["title"], boxes["bar"]
     assert boxes["labels"]
     for b in boxes["labels"]:  # a trace clipped to its axes cuts what lies outside them
