@@ -589,12 +589,17 @@ class Handlers:
             drafter = engine.drafter(req)  # loaded here (cached) so that a bad checkpoint warns early
         except FastEagleError as exc:
             gr.Warning(str(exc))
+            # every output kept as it is: a generator that yields nothing would blank them all (and the
+            # slider's None would then break its change event)
+            yield {c: gr.skip() for c in ui.outputs}
             return
         yield {ui.spec_stats: _fmt_stats("speculative", None, 0), ui.van_stats: _fmt_stats("vanilla", None, 0),
                ui.spec_reply: viz.spans_html([]), ui.van_reply: viz.spans_html([], legend=False), ui.summary: "",
                ui.step_info: "",
                ui.badge: '<div class="badge info">decoding…</div>',
-               ui.step_slider: gr.Slider(interactive=False),
+               # the decode's own range (grown by _stream), not the static 0..MAX_NEW_TOKENS; the state is
+               # empty meanwhile, so that the slider's change events draw nothing of the previous run
+               ui.step_slider: gr.Slider(minimum=0, maximum=1, value=0, interactive=False), ui.run_state: None,
                ui.tree_plot: viz.empty_figure("prefill: the target reads the prompt…")}
         try:
             if self.precompute:
@@ -642,9 +647,11 @@ class Handlers:
             if side == "speculative":
                 fig = viz.tree_figure(tr, self.engine.label_decode, min_height=tree_height)
                 tree_height = fig.layout.height
+                steps = len(record[side]["traces"]) - 1
                 yield {ui.spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
                        ui.spec_reply: viz.spans_html(builders[side].spans),
-                       ui.tree_plot: fig}
+                       ui.tree_plot: fig,
+                       ui.step_slider: gr.Slider(minimum=0, maximum=max(steps, 1), value=steps, interactive=False)}
             else:
                 yield {ui.van_stats: _fmt_stats("vanilla", tr, spent),
                        ui.van_reply: viz.spans_html(builders[side].spans, legend=False)}
@@ -736,6 +743,7 @@ class Handlers:
             for side in run["sides"].values():  # a file without stored spans: rebuild them here
                 if not side.get("spans"):
                     side["spans"] = spans_to_json(viz.token_spans(side["traces"], self.engine.decode_text))
+            run["_replayed"] = True  # on_replayed then loads its settings into the controls (once)
             return self.finish(run, self._labeler(run)) | {self.ui.download: str(p)}  # the download is what is shown
         except (viz.TraceFileError, OSError) as exc:
             gr.Warning(f"cannot replay this file: {exc}")
@@ -743,6 +751,41 @@ class Handlers:
             log.exception("replaying an uploaded trace failed")
             gr.Warning(f"cannot replay this file: {type(exc).__name__}")
         return {c: gr.skip() for c in self.ui.outputs}
+
+    # /replay_settings: after /replay_file, the replayed run's prompt and settings in the controls
+    # (each one this app can take; the others keep their value), so that Run decodes it again.
+    def on_replayed(self, run):
+        ui = self.ui
+        keep = {c: gr.skip() for c in self.settings_outputs}
+        if not isinstance(run, dict) or not run.get("_replayed"):
+            return keep
+        run = {k: v for k, v in run.items() if k != "_replayed"}
+        meta = run.get("meta") or {}
+        upd = dict(keep) | {ui.run_state: run}
+
+        def put(comp, key, convert, ok=lambda v: True):
+            try:
+                v = convert(meta[key])
+            except (KeyError, TypeError, ValueError, OverflowError):
+                return
+            if ok(v):
+                upd[comp] = v
+
+        put(ui.prompt, "prompt", str)
+        put(ui.method, "method", str, lambda v: v in [m.label for m in self.engine.available])
+        put(ui.temperature, "temperature", float, lambda v: 0.0 <= v <= 1.5)
+        put(ui.max_new, "max_new_tokens", int, lambda v: 1 <= v <= MAX_NEW_TOKENS)
+        put(ui.tree_k, "tree_k", str)
+        put(ui.budget, "tree_budget", int, lambda v: 2 <= v <= MAX_BUDGET)
+        put(ui.tree_shape, "tree_shape", str, lambda v: v in TREE_SHAPES)
+        put(ui.seed, "seed", int, lambda v: 0 <= v < 2**63)
+        return upd
+
+    @property
+    def settings_outputs(self) -> list:
+        ui = self.ui
+        return [ui.prompt, ui.method, ui.temperature, ui.max_new, ui.tree_k, ui.budget, ui.tree_shape, ui.seed,
+                ui.run_state]
 
     def _labeler(self, run):
         """Token labels from the run's own table (a file from another model), else the engine's."""
@@ -771,15 +814,18 @@ def _run_tree_height(run) -> int:
 def connect(ui: UI, handlers: Handlers, engine: Engine) -> None:
     """The events: Run (and Enter in the prompt), the step slider, a trace file, a method change."""
     on_gpu = engine.target.device.type == "cuda"
-    ui.method.change(lambda label: default_budget(engine.method(label).key, on_gpu), ui.method, ui.budget,
-                     api_name=False)
+    # input, not change: a replayed file's method must not reset the node budget it also loads
+    ui.method.input(lambda label: default_budget(engine.method(label).key, on_gpu), ui.method, ui.budget,
+                    api_name=False)
     ui.run_btn.click(handlers.on_run, ui.run_inputs, ui.outputs,
                      api_name="run", concurrency_limit=1, concurrency_id="decode")
     ui.prompt.submit(handlers.on_run, ui.run_inputs, ui.outputs,
                      api_visibility="private", concurrency_limit=1, concurrency_id="decode")
     ui.step_slider.change(handlers.on_step, [ui.step_slider, ui.run_state], [ui.tree_plot, ui.step_info],
                           api_name="replay_step", queue=False, show_progress="hidden")
-    ui.upload.upload(handlers.on_upload, [ui.upload], ui.outputs, api_name="replay_file", queue=False)
+    # queued: gr.Warning reaches the page only from a queued event (else only the server log)
+    ui.upload.upload(handlers.on_upload, [ui.upload], ui.outputs, api_name="replay_file").then(
+        handlers.on_replayed, [ui.run_state], handlers.settings_outputs, api_name="replay_settings")
 
 
 # -- the app ----------------------------------------------------------------------------------------

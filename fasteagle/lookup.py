@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from fasteagle.errors import FastEagleError
+from fasteagle.trace import LOOKUP_SOURCE
 from fasteagle.tree import DraftTree, make_tree, root_only
 
 
@@ -103,7 +104,9 @@ class LookupDrafter:
                 tokens.append(tok)
                 parents.append(prev)
                 prev = len(tokens) - 1
-        return make_tree(torch.tensor(tokens, device=device), torch.tensor(parents, device=device))
+        sources = [0] + [LOOKUP_SOURCE] * (len(tokens) - 1)  # not a drafter layer's: the picture marks them
+        return make_tree(torch.tensor(tokens, device=device), torch.tensor(parents, device=device),
+                         sources=torch.tensor(sources, device=device))
 
     def draft(self, root: int) -> DraftTree:
         return self.tree(root, self.device)

@@ -73,6 +73,11 @@ def unchanged(value) -> bool:
     return value is None or (isinstance(value, dict) and value.get("__type__") == "update" and "value" not in value)
 
 
+def kept(value) -> bool:
+    """An output the event explicitly kept (an update without a value): None would blank it in a browser."""
+    return isinstance(value, dict) and value.get("__type__") == "update" and "value" not in value
+
+
 def plot_data(value) -> list[dict]:
     assert value and value.get("type") == "plotly"
     return json.loads(value["plot"])["data"]
@@ -109,14 +114,14 @@ def test_bad_inputs_warn_and_the_app_keeps_working(tiny_app, warnings):
         for prompt, k, fragment in (("", "4", "empty"), ("   ", "4", "empty"), ("w7 " * 2000, "4", "too long"),
                                     ("w7 w8", "4,x", "top-k"), ("w7 w8", "0", "top-k")):
             res = call_run(client, prompt, tree_k=k)
-            assert all(unchanged(v) for v in res.values())
+            assert all(kept(v) for v in res.values())
             assert fragment in warnings[-1], warnings
         for seed in (2**70, -1):
-            assert all(unchanged(v) for v in call_run(client, "w7 w8", seed=seed).values())
+            assert all(kept(v) for v in call_run(client, "w7 w8", seed=seed).values())
             assert "seed" in warnings[-1], warnings
         # the tiny model has 512 positions: a too long context is refused before the screen changes
         res = call_run(client, "w7 " * 500, max_new=64)
-        assert all(unchanged(v) for v in res.values())
+        assert all(kept(v) for v in res.values())
         assert "context too long" in warnings[-1] and "512 positions" in warnings[-1], warnings
         res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12)
         check_complete_run(res, 12)
@@ -347,3 +352,52 @@ def test_default_model_end_to_end(smollm, random_drafter):
         assert all(len(t["tokens"]) > 1 for t in trees[:-1])
         res = call_run(client, "Repeat after me: red green blue, red green blue.", method="lookup", max_new=8)
         check_complete_run(res, 8)
+
+
+def test_a_file_that_is_not_a_trace_warns_the_user(tiny_app, warnings, tmp_path):
+    """The warning reaches the page, not only the server log as a UserWarning: gr.Warning needs a
+    queued event (the browser calls an unqueued one without an event id; gradio_client always queues)."""
+    import warnings as pywarnings
+
+    dep = next(d for d in tiny_app.config["dependencies"] if d.get("api_name") == "replay_file")
+    assert dep["queue"] is not False
+
+    bad = tmp_path / "hello.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    with served(tiny_app) as client, pywarnings.catch_warnings(record=True) as logged:
+        pywarnings.simplefilter("always")
+        out = client.predict(handle_file(str(bad)), api_name="/replay_file")
+    assert all(kept(v) for v in out), out
+    assert "cannot replay this file" in warnings[-1]
+    assert not [w for w in logged if "cannot replay" in str(w.message)], [str(w.message) for w in logged]
+
+
+def test_a_replayed_file_loads_its_prompt_and_settings(tiny_app, tmp_path):
+    """After /replay_file the page chains /replay_settings: the controls show the file's prompt, method
+    and settings (once: a later call, or a refused file, leaves the controls alone)."""
+    with served(tiny_app) as client:
+        res = call_run(client, "w9 w10 w11 w9 w10 w11", max_new=7, tree_k="3", budget=5, seed=4,
+                       shape="backbone")
+        call_run(client, "w12 w13", max_new=3)  # another run on screen, its settings in the controls
+        client.predict(handle_file(res["download"]), api_name="/replay_file")
+        got = client.predict(api_name="/replay_settings")
+        assert list(got) == ["w9 w10 w11 w9 w10 w11", "lookup", 0.0, 7, "3", 5, "backbone", 4]
+        assert all(kept(v) for v in client.predict(api_name="/replay_settings"))
+        bad = tmp_path / "hello.json"
+        bad.write_text(json.dumps({"hello": 1}))
+        client.predict(handle_file(str(bad)), api_name="/replay_file")
+        assert all(kept(v) for v in client.predict(api_name="/replay_settings"))
+
+
+def test_the_slider_shows_the_decodes_range_while_decoding(tiny_app, monkeypatch):
+    """While decoding, the replay slider spans the steps decoded so far, not 0..MAX_NEW_TOKENS."""
+    monkeypatch.setattr(app, "FRAME_S", 0.0)  # every step on screen
+    with served(tiny_app) as client:
+        job = client.submit("w9 w10 w11 w9 w10 w11 w9 w10", "lookup", 0.0, 12, "4", 8, 0, "product",
+                            api_name="/run")
+        final = dict(zip(OUT, job.result()))
+        sliders = [dict(zip(OUT, out))["slider"] for out in job.outputs()]
+    last = final["slider"]["maximum"]
+    assert last < app.MAX_NEW_TOKENS
+    during = [s for s in sliders[:-1] if isinstance(s, dict) and "maximum" in s]
+    assert during and all(s["maximum"] <= max(last, 1) and s["interactive"] is False for s in during), during

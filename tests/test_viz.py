@@ -446,3 +446,42 @@ def test_run_file_roundtrip_and_rejections():
         with pytest.raises(trace_io.TraceFileError) as err:
             trace_io.parse_run_file(data)
         assert "\n" not in str(err.value)
+
+
+def test_hovering_the_node_before_the_bonus_shows_that_node():
+    """Every hoverable point of the figure is a node with a tooltip: nothing hoverable (the bonus
+    line's start) sits on the accepted path's last node with an empty tooltip."""
+    step = backbone_step()
+    fig = tree_figure(step, decode)
+    last = step["path"][-1]
+    owner = [t for t in fig.data if t.name == VERDICTS[ACCEPTED]][0]
+    k = [int(c[0]) for c in owner.customdata].index(last)
+    at = (owner.x[k], owner.y[k])
+    on_it = [t for t in fig.data if t.hoverinfo != "skip" and t.x is not None
+             and any((x, y) == at for x, y in zip(t.x, t.y))]
+    assert [t.name for t in on_it] == [VERDICTS[ACCEPTED]]
+    for t in fig.data:  # every hoverable point has a non-empty tooltip
+        if t.hoverinfo != "skip" and t.customdata is not None:
+            assert all(str(c[0]) != "" for c in t.customdata), t.name
+
+
+def test_nodes_of_the_lookup_drafter_are_drawn_as_lookup_nodes():
+    """The plain lookup method's nodes came only from prompt lookup: diamonds, "prompt lookup" on hover."""
+    import torch
+
+    from fasteagle.lookup import LookupDrafter
+
+    d = LookupDrafter()
+    d.extend(torch.tensor([5, 6, 7, 8, 5, 6]), None, 7)
+    tree = d.draft(7).to_dict()
+    n = len(tree["tokens"])
+    assert n > 2
+    step = {"step": 1, "tokens": [tree["tokens"][1]], "token_depths": [1], "tree": tree,
+            "status": [ACCEPTED, ACCEPTED] + [REJECTED] * (n - 2), "path": [0, 1], "target_probs": [1.0] * n}
+    fig = tree_figure(step, decode)
+    assert LOOKUP_NAME in _node_traces(fig)
+    for t in fig.data:
+        if t.name in VERDICTS.values() and t.customdata is not None:
+            for c, symbol in zip(t.customdata, t.marker.symbol):
+                assert (symbol == LOOKUP_SYMBOL) == (int(c[0]) != 0), (t.name, c)
+                assert (c[5] == LOOKUP_NAME) == (int(c[0]) != 0), (t.name, c)

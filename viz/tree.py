@@ -40,7 +40,8 @@ MARKER_PX = 12
 LOOKUP_SYMBOL = "diamond"  # their marker; drafter nodes are circles
 LOOKUP_NAME = "from prompt lookup"
 ROW_PX = 40  # >= LABEL_HEIGHT_PX + MARKER_PX: a label sits above its marker
-MARGIN = {"l": 30, "r": 30, "t": 44, "b": 84}  # bottom: the depth axis, then the legend
+MARGIN = {"l": 30, "r": 30, "t": 70, "b": 84}  # top: Plotly's toolbar, then the title; bottom: the axis, legend
+TITLE_TOP_PX = 30  # the title starts below the toolbar (which would cover it on a narrow screen)
 MIN_HEIGHT = 260
 FOLD_ROWS = 20  # taller trees fold their never-reached branches, then their surplus rejected leaves
 KEEP_REJECTED = 3  # rejected leaves a parent keeps in sight when those fold
@@ -260,6 +261,8 @@ def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], tit
     fig = go.Figure()
     fig.add_trace(_edges(d.lay, len(d.shown) + len(d.folds)))
     fig.add_trace(_accepted_path(d))
+    if d.lay.bonus is not None:  # under the nodes, and never hovered
+        fig.add_trace(_bonus_edge(d))
     for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):  # each always present so the legend stays put
         fig.add_trace(_verdict_nodes(d, verdict))
     for verdict, name in ((NEVER_REACHED, FOLDED_NAME), (REJECTED, FOLDED_REJECTED_NAME)):
@@ -300,7 +303,7 @@ def _verdict_nodes(d: _Drawing, verdict: int) -> go.Scatter:
     idx = [i for i in d.shown if d.status[i] == verdict]
     return go.Scatter(
         x=[lay.x[at[i]] for i in idx], y=[lay.y[at[i]] for i in idx], mode="markers+text",
-        name=VERDICTS[verdict], text=[d.labels[i] for i in idx], textposition="top center",
+        name=VERDICTS[verdict], text=[d.labels[i] for i in idx], textposition="top center", cliponaxis=False,
         textfont={"size": LABEL_FONT_PX, "family": "monospace"},
         marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
                 "symbol": [LOOKUP_SYMBOL if d.sources[i] == LOOKUP_SOURCE else "circle" for i in idx]},
@@ -319,7 +322,7 @@ def _folded_nodes(d: _Drawing, verdict: int, name: str) -> go.Scatter:
     group = [(len(d.shown) + k, nodes) for k, (_, nodes, v) in enumerate(d.folds) if v == verdict]
     return go.Scatter(
         x=[lay.x[k] for k, _ in group], y=[lay.y[k] for k, _ in group], mode="markers+text", name=name,
-        text=[f"+{len(nodes)}" for _, nodes in group], textposition="top center",
+        text=[f"+{len(nodes)}" for _, nodes in group], textposition="top center", cliponaxis=False,
         textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": VERDICT_COLORS[verdict]
                   if verdict == REJECTED else "#888888"},
         marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "symbol": FOLDED_SYMBOL},
@@ -329,16 +332,24 @@ def _folded_nodes(d: _Drawing, verdict: int, name: str) -> go.Scatter:
     )
 
 
-def _bonus_node(d: _Drawing) -> go.Scatter:
-    """The target's own token, a star hanging from the accepted path's last node by a dotted line."""
+def _bonus_edge(d: _Drawing) -> go.Scatter:
+    """The dotted line from the accepted path's last node to the bonus star; never hovered, so that
+    hovering that node shows its own tooltip (the line's start point sits on it)."""
     lay, b, p = d.lay, d.lay.bonus, d.at[d.path[-1]]
+    return go.Scatter(x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines", name="bonus edge",
+                      hoverinfo="skip", showlegend=False,
+                      line={"color": BONUS_COLOR, "width": 2, "dash": "dot", "shape": "hvh"})
+
+
+def _bonus_node(d: _Drawing) -> go.Scatter:
+    """The target's own token, a star hanging from the accepted path's last node (`_bonus_edge`)."""
+    lay, b = d.lay, d.lay.bonus
     return go.Scatter(
-        x=[lay.x[p], lay.x[b]], y=[lay.y[p], lay.y[b]], mode="lines+markers+text", name=BONUS_NAME,
-        text=["", token_label(d.bonus_text)], textposition="top center",
+        x=[lay.x[b]], y=[lay.y[b]], mode="markers+text", name=BONUS_NAME,
+        text=[token_label(d.bonus_text)], textposition="top center", cliponaxis=False,
         textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": BONUS_COLOR},
-        line={"color": BONUS_COLOR, "width": 2, "dash": "dot", "shape": "hvh"},
-        marker={"size": [0, MARKER_PX + 4], "color": BONUS_COLOR, "symbol": "star"},
-        customdata=[["", ""], [d.bonus_tok, repr(d.bonus_text)]],
+        marker={"size": MARKER_PX + 4, "color": BONUS_COLOR, "symbol": "star"},
+        customdata=[[d.bonus_tok, repr(d.bonus_text)]],
         hovertemplate="%{customdata[1]}<br>token id %{customdata[0]}<br>the target's own token after the "
                       "accepted path<extra></extra>",
     )
@@ -359,7 +370,8 @@ def _style(fig: go.Figure, title: str, lay: Layout, min_height: int) -> None:
     if min_height > height:  # taller than the tree needs: the rows keep their spacing, from the top
         height, span = min_height, max(lay.rows, (min_height - MARGIN["t"] - MARGIN["b"]) / ROW_PX)
     fig.update_layout(
-        title={"text": title, "x": 0.01, "font": {"size": 14}},
+        title={"text": title, "x": 0.01, "font": {"size": 14}, "yref": "container", "y": 1, "yanchor": "top",
+               "pad": {"t": TITLE_TOP_PX}},
         height=height, margin=MARGIN, plot_bgcolor="white", paper_bgcolor="white",
         legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
         xaxis={"title": {"text": "depth (0 = root: the last token the target chose)", "font": {"size": 11}},

@@ -161,3 +161,83 @@ def test_run_and_replay_in_a_browser(app_url, page):
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 20_000
+
+
+def test_an_error_keeps_the_last_run_on_screen(app_url, page):
+    """A refused prompt shows a warning and leaves the previous run as it was (no blanked outputs,
+    no 500 from a chained event fed a blank value)."""
+    url, _ = app_url
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 500 else None)
+    page.goto(url, wait_until="load")
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#method label", has_text="lookup").first.click()
+    num = page.locator("#max-new input[type=number]")
+    num.fill("8")
+    num.press("Enter")
+    page.locator("#run").click()
+    page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+    reply = page.locator("#spec-reply .fe-reply").inner_text()
+    badge = page.locator("#identical-badge").inner_text()
+    info = page.locator("#step-info").inner_text()
+    assert reply.strip() and "Step" in info
+
+    page.locator("#prompt textarea").fill("   ")
+    page.locator("#run").click()
+    page.wait_for_selector(".toast-body", timeout=30_000)
+    assert "empty" in page.locator(".toast-body").first.inner_text()
+    page.wait_for_timeout(1500)  # any (wrong) blanking of the outputs and the slider's event would land here
+    assert page.locator("#spec-reply .fe-reply").inner_text() == reply
+    assert page.locator("#identical-badge").inner_text() == badge
+    assert page.locator("#step-info").inner_text() == info
+    assert _plot_traces(page, "tree-plot")
+    assert page.locator("#step-slider input[type=number]").input_value() != ""
+    assert not failed, failed
+
+
+def test_the_tree_fits_a_narrow_screen(app_url, page):
+    """At 390 px wide (a phone) the tree's labels lie inside the plot and the Plotly toolbar does not
+    cover the title."""
+    url, _ = app_url
+    context = page.context.browser.new_context(viewport={"width": 390, "height": 844})  # the same browser
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(120_000)
+        pg.goto(url, wait_until="load")
+        pg.locator("#prompt textarea").fill(PROMPT)
+        pg.locator("#method label", has_text="lookup").first.click()
+        num = pg.locator("#max-new input[type=number]")
+        num.fill("12")
+        num.press("Enter")
+        pg.locator("#run").click()
+        pg.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+        pg.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+        plot = pg.locator("#tree-plot .js-plotly-plot")
+        plot.scroll_into_view_if_needed()
+        plot.hover()  # the toolbar shows on hover
+        pg.wait_for_timeout(800)
+        boxes = pg.evaluate("""() => {
+            const root = document.querySelector('#tree-plot .js-plotly-plot');
+            const r = (el) => { const b = el.getBoundingClientRect();
+                                return {l: b.left, t: b.top, r: b.right, b: b.bottom, w: b.width, h: b.height}; };
+            const bar = root.querySelector('.modebar');
+            return {plot: r(root.querySelector('.main-svg')),
+                    title: r(root.querySelector('.gtitle')),
+                    bar: bar ? r(bar) : null,
+                    area: r(root.querySelector('.nsewdrag')),
+                    labels: Array.from(root.querySelectorAll('.scatterlayer .trace')).flatMap(g => {
+                        const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
+                        return Array.from(g.querySelectorAll('.textpoint text')).filter(t => t.textContent)
+                                    .map(t => Object.assign(r(t), {clip})); })}; }""")
+    finally:
+        context.close()
+    plot, title, bar = boxes["plot"], boxes["title"], boxes["bar"]
+    assert boxes["labels"]
+    for b in boxes["labels"]:  # a trace clipped to its axes cuts what lies outside them
+        box = boxes["area"] if b["clip"] else plot
+        assert box["l"] - 1 <= b["l"] and b["r"] <= box["r"] + 1 and box["t"] - 1 <= b["t"] and \
+            b["b"] <= box["b"] + 1, (b, box)
+    if bar and bar["w"] > 0 and bar["h"] > 0:
+        apart = bar["b"] <= title["t"] or title["b"] <= bar["t"] or bar["r"] <= title["l"] or title["r"] <= bar["l"]
+        assert apart, (bar, title)
