@@ -163,21 +163,26 @@ def test_run_and_replay_in_a_browser(app_url, page):
     assert SCREENSHOT.stat().st_size > 20_000
 
 
+def run_lookup(page, url: str, max_new: int) -> None:
+    """Open the app, run PROMPT with prompt lookup for `max_new` tokens and wait for its tree."""
+    page.goto(url, wait_until="load")
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#method label", has_text="lookup").first.click()
+    num = page.locator("#max-new input[type=number]")
+    num.fill(str(max_new))
+    num.press("Enter")
+    page.locator("#run").click()
+    page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+
+
 def test_an_error_keeps_the_last_run_on_screen(app_url, page):
     """A refused prompt shows a warning and leaves the previous run as it was (no blanked outputs,
     no 500 from a chained event fed a blank value)."""
     url, _ = app_url
     failed: list[str] = []
     page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 500 else None)
-    page.goto(url, wait_until="load")
-    page.locator("#prompt textarea").fill(PROMPT)
-    page.locator("#method label", has_text="lookup").first.click()
-    num = page.locator("#max-new input[type=number]")
-    num.fill("8")
-    num.press("Enter")
-    page.locator("#run").click()
-    page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
-    page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+    run_lookup(page, url, 8)
     reply = page.locator("#spec-reply .fe-reply").inner_text()
     badge = page.locator("#identical-badge").inner_text()
     info = page.locator("#step-info").inner_text()
@@ -204,15 +209,7 @@ def test_the_tree_fits_a_narrow_screen(app_url, page):
     try:
         pg = context.new_page()
         pg.set_default_timeout(120_000)
-        pg.goto(url, wait_until="load")
-        pg.locator("#prompt textarea").fill(PROMPT)
-        pg.locator("#method label", has_text="lookup").first.click()
-        num = pg.locator("#max-new input[type=number]")
-        num.fill("12")
-        num.press("Enter")
-        pg.locator("#run").click()
-        pg.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
-        pg.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
+        run_lookup(pg, url, 12)
         plot = pg.locator("#tree-plot .js-plotly-plot")
         plot.scroll_into_view_if_needed()
         plot.hover()  # the toolbar shows on hover
