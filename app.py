@@ -688,6 +688,7 @@ class Handlers:
         v_sum = (van.get("summary") or trace.run_summary(van["traces"])) if van else None
         traces = spec["traces"]
         n = len(traces)
+        land = viz.landing_step(traces)  # the longest accepted path, not the lone bonus token at the end
         height = _run_tree_height(run)
         upd = {
             ui.spec_stats: _fmt_stats("speculative", traces[-1], s_sum["wall_s"], mlabel),
@@ -696,9 +697,9 @@ class Handlers:
             ui.hist_plot: viz.acceptance_histogram(traces),
             ui.depth_plot: viz.depth_acceptance_chart(traces),
             ui.time_plot: viz.time_split_chart({mlabel: s_sum} | ({"vanilla": v_sum} if v_sum else {})),
-            ui.tree_plot: viz.tree_figure(traces[-1], label, min_height=height),
-            ui.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, step=1, interactive=True),
-            ui.step_info: step_markdown(traces[-1], label, n),
+            ui.tree_plot: viz.tree_figure(traces[land], label, min_height=height),
+            ui.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=land, step=1, interactive=True),
+            ui.step_info: step_markdown(traces[land], label, n),
             ui.run_state: run,
         }
         if van:

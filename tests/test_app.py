@@ -98,7 +98,14 @@ def check_complete_run(res: dict, max_new: int) -> dict:
     run = viz.parse_run_file(Path(res["download"]).read_bytes())
     spec = run["sides"]["speculative"]
     assert spec["summary"]["tokens"] <= max_new and run["sides"]["vanilla"]["summary"]["tokens"] <= max_new
-    assert res["slider"]["maximum"] == len(spec["traces"]) - 1 and res["slider"]["value"] == len(spec["traces"]) - 1
+    traces = spec["traces"]
+    assert res["slider"]["maximum"] == len(traces) - 1
+    # it lands on the first step with the longest accepted path (not the last, often a lone bonus token)
+    land = res["slider"]["value"]
+    lengths = [len(tr.get("path") or [0]) - 1 if tr["step"] > 0 else -1 for tr in traces]
+    assert lengths[land] == max(lengths) and land == lengths.index(max(lengths))
+    assert f"**Step {traces[land]['step']} of" in res["step_info"]
+    assert json.loads(res["tree"]["plot"])["layout"]["title"]["text"].startswith(f"step {traces[land]['step']}:")
     return run
 
 
@@ -253,6 +260,7 @@ def test_replay_steps_and_trace_files(tiny_app, warnings, tmp_path):
         assert back["badge"] == res["badge"] and back["spec_reply"] == res["spec_reply"]
         assert json.loads(Path(back["download"]).read_text()) == json.loads(Path(res["download"]).read_text())
         assert back["slider"]["maximum"] == res["slider"]["maximum"]
+        assert back["slider"]["value"] == res["slider"]["value"] and back["step_info"] == res["step_info"]
         # Invalid files warn and change nothing.
         odd = json.loads(Path(res["download"]).read_text())
         odd["sides"]["speculative"]["traces"][1]["target_probs"][0] = "x"

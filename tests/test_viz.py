@@ -485,3 +485,12 @@ def test_nodes_of_the_lookup_drafter_are_drawn_as_lookup_nodes():
             for c, symbol in zip(t.customdata, t.marker.symbol):
                 assert (symbol == LOOKUP_SYMBOL) == (int(c[0]) != 0), (t.name, c)
                 assert (c[5] == LOOKUP_NAME) == (int(c[0]) != 0), (t.name, c)
+
+
+def test_the_landing_step_is_the_first_with_the_longest_accepted_path():
+    steps = [{"step": 0, "tokens": [5]}, {"step": 1, "path": [0, 1], "tokens": [1, 2]},
+             {"step": 2, "path": [0, 1, 2, 3], "tokens": [1, 2, 3, 4]}, {"step": 3, "path": [0, 4, 5, 6]},
+             {"step": 4, "path": [0], "tokens": [9]}]
+    assert viz.landing_step(steps) == 2
+    assert viz.landing_step([{"step": 0, "tokens": [5]}]) == 0  # only the prefill: itself
+    assert viz.landing_step([{"step": 0}, {"step": 1, "path": [0]}, {"step": 2, "path": [0]}]) == 1
