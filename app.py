@@ -57,6 +57,7 @@ MAX_PROMPT_TOKENS = 1024
 MAX_NEW_TOKENS = 256
 FRAME_S = 0.12  # at most one tree figure per this many seconds while streaming (the last step always)
 ANIMATE_S = 6.0  # precomputed runs replay in about this long per side
+PLAY_S = 1.2  # the play button's pace: one step per this many seconds
 EAGLE3_DRAFTER = DEFAULT_EAGLE3
 
 EXPLAINER = """
@@ -458,6 +459,10 @@ class UI:
     badge: gr.HTML
     tree_plot: gr.Plot
     step_slider: gr.Slider
+    prev_btn: gr.Button
+    next_btn: gr.Button
+    play_btn: gr.Button
+    play_timer: gr.Timer  # ticks only while playing
     step_info: gr.Markdown
     summary: gr.Markdown
     hist_plot: gr.Plot
@@ -559,11 +564,17 @@ def _run_view() -> dict[str, Any]:
     badge = gr.HTML('<div class="badge info">run a prompt to compare the outputs</div>', elem_id="identical-badge")
     tree_plot = gr.Plot(value=viz.empty_figure(), show_label=False, elem_id="tree-plot")
     # The static maximum bounds what the server accepts; each run narrows the visible range.
-    step_slider = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Replay step (after a run)",
-                            interactive=False, elem_id="step-slider")
+    with gr.Row(equal_height=True):
+        step_slider = gr.Slider(0, MAX_NEW_TOKENS, value=0, step=1, label="Replay step (after a run)",
+                                interactive=False, elem_id="step-slider", scale=6)
+        prev_btn = gr.Button("◀ prev", size="sm", elem_id="step-prev", scale=1, min_width=70)
+        play_btn = gr.Button("▶ play", size="sm", elem_id="step-play", scale=1, min_width=70)
+        next_btn = gr.Button("next ▶", size="sm", elem_id="step-next", scale=1, min_width=70)
+    play_timer = gr.Timer(PLAY_S, active=False)
     step_info = gr.Markdown("", elem_id="step-info")
     return {"spec_stats": spec_stats, "spec_reply": spec_reply, "van_stats": van_stats, "van_reply": van_reply,
-            "badge": badge, "tree_plot": tree_plot, "step_slider": step_slider, "step_info": step_info}
+            "badge": badge, "tree_plot": tree_plot, "step_slider": step_slider, "prev_btn": prev_btn,
+            "next_btn": next_btn, "play_btn": play_btn, "play_timer": play_timer, "step_info": step_info}
 
 
 # -- the UI: handlers -------------------------------------------------------------------------------
@@ -732,6 +743,38 @@ class Handlers:
             gr.Warning(f"cannot draw step {i}: {type(exc).__name__}")
             return gr.skip(), gr.skip()
 
+    # /step_prev, /step_next: the step before / after the one on the slider (the slider's change
+    # event then draws it); kept at the run's ends, and nothing without a run on screen.
+    def on_prev(self, step, run):
+        return self._move(step, run, -1)
+
+    def on_next(self, step, run):
+        return self._move(step, run, 1)
+
+    def _move(self, step, run, by: int):
+        if not run:
+            return gr.skip()
+        last = len(run["sides"]["speculative"]["traces"]) - 1
+        try:
+            return min(max(int(step or 0) + by, 0), last)
+        except (TypeError, ValueError):
+            return gr.skip()
+
+    # play / pause: the timer steps through the run (from the start when at its end), until its end.
+    def on_play(self, playing, step, run):
+        if playing or not run:
+            return False, gr.Timer(active=False), "▶ play", gr.skip()
+        last = len(run["sides"]["speculative"]["traces"]) - 1
+        start = 0 if int(step or 0) >= last else gr.skip()
+        return True, gr.Timer(active=True), "⏸ pause", start
+
+    def on_tick(self, step, run):
+        nxt = self._move(step, run, 1)
+        last = len(run["sides"]["speculative"]["traces"]) - 1 if run else 0
+        if not run or nxt == last or int(step or 0) >= last:
+            return nxt, False, gr.Timer(active=False), "▶ play"
+        return nxt, True, gr.skip(), gr.skip()
+
     # /replay_file: a trace file replayed, the screen as its run left it.
     def on_upload(self, path):
         try:
@@ -824,6 +867,17 @@ def connect(ui: UI, handlers: Handlers, engine: Engine) -> None:
                      api_visibility="private", concurrency_limit=1, concurrency_id="decode")
     ui.step_slider.change(handlers.on_step, [ui.step_slider, ui.run_state], [ui.tree_plot, ui.step_info],
                           api_name="replay_step", queue=False, show_progress="hidden")
+    ui.prev_btn.click(handlers.on_prev, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_prev",
+                      queue=False, show_progress="hidden")
+    ui.next_btn.click(handlers.on_next, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_next",
+                      queue=False, show_progress="hidden")
+    playing = gr.State(False)
+    ui.play_btn.click(handlers.on_play, [playing, ui.step_slider, ui.run_state],
+                      [playing, ui.play_timer, ui.play_btn, ui.step_slider], api_name=False, queue=False,
+                      show_progress="hidden")
+    ui.play_timer.tick(handlers.on_tick, [ui.step_slider, ui.run_state],
+                       [ui.step_slider, playing, ui.play_timer, ui.play_btn], api_name=False, queue=False,
+                       show_progress="hidden")
     # queued: gr.Warning reaches the page only from a queued event (else only the server log)
     ui.upload.upload(handlers.on_upload, [ui.upload], ui.outputs, api_name="replay_file").then(
         handlers.on_replayed, [ui.run_state], handlers.settings_outputs, api_name="replay_settings")

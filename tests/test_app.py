@@ -277,6 +277,31 @@ def test_replay_steps_and_trace_files(tiny_app, warnings, tmp_path):
         assert "Step 2 of" in info
 
 
+def test_previous_and_next_step_buttons(tiny_app):
+    with served(tiny_app) as client:
+        assert kept(client.predict(3, api_name="/step_next"))  # no run on screen: the slider stays
+        res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12)
+        last = check_complete_run(res, 12)["sides"]["speculative"]["traces"]
+        land = res["slider"]["value"]
+        assert client.predict(land, api_name="/step_next") == min(land + 1, len(last) - 1)
+        assert client.predict(land, api_name="/step_prev") == max(land - 1, 0)
+        assert client.predict(0, api_name="/step_prev") == 0  # kept at the run's ends
+        assert client.predict(len(last) - 1, api_name="/step_next") == len(last) - 1
+        _, info = client.predict(client.predict(1, api_name="/step_next"), api_name="/replay_step")
+        assert "Step 2 of" in info
+
+
+def test_play_steps_through_the_run_and_stops_at_its_end():
+    h = app.Handlers.__new__(app.Handlers)
+    run = {"sides": {"speculative": {"traces": [{"step": i} for i in range(4)]}}}
+    playing, timer, label, start = h.on_play(False, 3, run)  # at the end: play from the start
+    assert playing and timer.active and "pause" in label and start == 0
+    assert h.on_tick(0, run)[:2] == (1, True)
+    nxt, playing, timer, label = h.on_tick(2, run)
+    assert nxt == 3 and not playing and not timer.active and "play" in label
+    assert h.on_play(True, 1, run)[0] is False  # pause
+
+
 def test_decode_first_then_animate(tiny, tmp_path, monkeypatch):
     """The ZeroGPU path: both decodes run in one call returning plain data, then the UI animates."""
     monkeypatch.setattr(app, "ANIMATE_S", 0.2)
