@@ -93,6 +93,11 @@ CSS = """
 #identical-badge .bad { background:#fde4e4; color:#9b1c1c; border:1px solid #e39a9a; }
 #identical-badge .info { background:#eef2f8; color:#33475b; border:1px solid #b9c6d8; }
 .stats p { margin:0; font-variant-numeric: tabular-nums; }
+.fe-race { font-variant-numeric: tabular-nums; }
+.fe-race-row { display:flex; align-items:center; gap:8px; margin:3px 0; }
+.fe-race-name { width:150px; flex:none; text-align:right; font-size:90%; }
+.fe-race-bar { height:14px; border-radius:3px; flex:none; max-width:calc(100% - 220px); }
+.fe-race-note { font-size:85%; opacity:.8; margin-top:4px; }
 """
 
 
@@ -457,6 +462,7 @@ class UI:
     van_stats: gr.Markdown
     van_reply: gr.HTML
     badge: gr.HTML
+    race: gr.HTML  # set from run_state (not an API output): a finished run's forwards, both ways
     tree_plot: gr.Plot
     step_slider: gr.Slider
     prev_btn: gr.Button
@@ -562,6 +568,7 @@ def _run_view() -> dict[str, Any]:
             van_reply = gr.HTML(viz.spans_html([], legend=False, empty="every token is the target's own"),
                                 elem_id="vanilla-reply", container=True, padding=True)
     badge = gr.HTML('<div class="badge info">run a prompt to compare the outputs</div>', elem_id="identical-badge")
+    race = gr.HTML("", elem_id="race")
     tree_plot = gr.Plot(value=viz.empty_figure(), show_label=False, elem_id="tree-plot")
     # The static maximum bounds what the server accepts; each run narrows the visible range.
     with gr.Row(equal_height=True):
@@ -573,7 +580,7 @@ def _run_view() -> dict[str, Any]:
     play_timer = gr.Timer(PLAY_S, active=False)
     step_info = gr.Markdown("", elem_id="step-info")
     return {"spec_stats": spec_stats, "spec_reply": spec_reply, "van_stats": van_stats, "van_reply": van_reply,
-            "badge": badge, "tree_plot": tree_plot, "step_slider": step_slider, "prev_btn": prev_btn,
+            "badge": badge, "race": race, "tree_plot": tree_plot, "step_slider": step_slider, "prev_btn": prev_btn,
             "next_btn": next_btn, "play_btn": play_btn, "play_timer": play_timer, "step_info": step_info}
 
 
@@ -743,6 +750,23 @@ class Handlers:
             gr.Warning(f"cannot draw step {i}: {type(exc).__name__}")
             return gr.skip(), gr.skip()
 
+    # the race strip above the tree, from the run on screen (empty while decoding)
+    def on_race(self, run):
+        if not isinstance(run, dict) or not run.get("sides"):
+            return ""
+        spec, van = run["sides"]["speculative"], run["sides"].get("vanilla")
+        def wall(side):  # the run's own decode time, as its summary table shows it
+            if (side.get("summary") or {}).get("wall_s") is not None:
+                return float(side["summary"]["wall_s"])
+            return float(side["elapsed"][-1]) if side.get("elapsed") else None
+
+        try:
+            return viz.race_html(spec["traces"], van["traces"] if van else None, wall(spec),
+                                 wall(van) if van else None, (run.get("meta") or {}).get("method", "speculative"))
+        except Exception:  # an odd replayed file: no strip rather than a broken page
+            log.exception("drawing the race strip failed")
+            return ""
+
     # /step_prev, /step_next: the step before / after the one on the slider (the slider's change
     # event then draws it); kept at the run's ends, and nothing without a run on screen.
     def on_prev(self, step, run):
@@ -871,6 +895,8 @@ def connect(ui: UI, handlers: Handlers, engine: Engine) -> None:
                       queue=False, show_progress="hidden")
     ui.next_btn.click(handlers.on_next, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_next",
                       queue=False, show_progress="hidden")
+    ui.run_state.change(handlers.on_race, ui.run_state, ui.race, api_name=False, queue=False,
+                        show_progress="hidden")
     playing = gr.State(False)
     ui.play_btn.click(handlers.on_play, [playing, ui.step_slider, ui.run_state],
                       [playing, ui.play_timer, ui.play_btn, ui.step_slider], api_name=False, queue=False,

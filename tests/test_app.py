@@ -302,6 +302,21 @@ def test_play_steps_through_the_run_and_stops_at_its_end():
     assert h.on_play(True, 1, run)[0] is False  # pause
 
 
+def test_the_race_strip_follows_the_run_on_screen(tiny_app, tmp_path):
+    with served(tiny_app) as client:
+        res = call_run(client, "w9 w10 w11 w9 w10 w11 w9 w10", max_new=12)
+    run = viz.parse_run_file(Path(res["download"]).read_bytes())
+    h = app.Handlers.__new__(app.Handlers)
+    spec, van = (run["sides"][s]["summary"] for s in ("speculative", "vanilla"))
+    text = re.sub(r"<[^>]+>", "", h.on_race(run))
+    assert f"{spec['forwards']} vs {van['forwards']} target forwards" in text
+    assert f"τ {spec['tau']:.2f}" in text and "steady number" in text
+    assert f"{spec['tokens_per_s'] / van['tokens_per_s']:.2f}×" in text  # as the summary's speed-up
+    assert h.on_race(None) == "" and h.on_race({"sides": {"speculative": {"traces": 5}}}) == ""
+    del run["sides"]["vanilla"]
+    assert "no vanilla" in h.on_race(run)
+
+
 def test_decode_first_then_animate(tiny, tmp_path, monkeypatch):
     """The ZeroGPU path: both decodes run in one call returning plain data, then the UI animates."""
     monkeypatch.setattr(app, "ANIMATE_S", 0.2)

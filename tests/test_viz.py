@@ -494,3 +494,17 @@ def test_the_landing_step_is_the_first_with_the_longest_accepted_path():
     assert viz.landing_step(steps) == 2
     assert viz.landing_step([{"step": 0, "tokens": [5]}]) == 0  # only the prefill: itself
     assert viz.landing_step([{"step": 0}, {"step": 1, "path": [0]}, {"step": 2, "path": [0]}]) == 1
+
+
+def test_the_race_strip_counts_target_forwards_both_ways():
+    spec = _run_traces()  # 5 tokens in 2 forwards
+    van = [{"step": i, "tokens": [7], "generated": i + 1, "forwards": i} for i in range(5)]  # 5 tokens, 4 forwards
+    out = viz.race_html(spec, van, 0.1, 0.4, method="FastEagle <x>")
+    text = re.sub(r"<[^>]+>", "", out)
+    assert "2 vs 4 target forwards: 2.00× fewer" in text
+    assert "τ 2.00" in text and "wall-clock speed-up 4.00×" in text  # 50 vs 12.5 tokens/s
+    assert "steady number" in text and "this machine" in text
+    assert "FastEagle &lt;x&gt;" in out and 'data-forwards="2"' in out
+    assert "width:50.0%" in out and "width:100.0%" in out
+    alone = re.sub(r"<[^>]+>", "", viz.race_html(spec, None, 0.1))
+    assert "2 target forwards for 5 tokens" in alone and "no vanilla" in alone

@@ -2,7 +2,7 @@
 numbers the pictures show are `fasteagle.trace`'s."""
 
 from viz.charts import acceptance_histogram, depth_acceptance_chart, time_split_chart
-from viz.race import landing_step
+from viz.race import landing_step, race_html
 from viz.tokens import (
     BONUS,
     Span,
@@ -21,6 +21,6 @@ from viz.tree import ACCEPTED_PATH, VERDICT_COLORS, VERDICTS, empty_figure, tree
 __all__ = [
     "ACCEPTED_PATH", "BONUS", "Span", "SpanBuilder", "TraceFileError", "VERDICTS", "VERDICT_COLORS",
     "acceptance_histogram", "color_map", "depth_acceptance_chart", "depth_category", "empty_figure", "highlighted",
-    "landing_step", "make_run_file", "parse_run_file", "spans_html", "time_split_chart", "token_label", "token_spans",
-    "tree_figure", "tree_height", "tree_layout", "visible",
+    "landing_step", "make_run_file", "parse_run_file", "race_html", "spans_html", "time_split_chart", "token_label",
+    "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
 ]

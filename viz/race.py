@@ -4,6 +4,7 @@ between speculative and vanilla decoding (pure functions over StepTrace dicts)."
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from html import escape
 
 from fasteagle import trace
 
@@ -19,3 +20,34 @@ def landing_step(traces: Sequence[Mapping]) -> int:
         if n > best_len:
             best, best_len = i, n
     return max(best, 0)
+
+
+def _bar(label: str, forwards: int, most: int, color: str) -> str:
+    pct = 100.0 * forwards / most if most else 0.0
+    return (f'<div class="fe-race-row"><span class="fe-race-name">{escape(label)}</span>'
+            f'<span class="fe-race-bar" style="width:{pct:.1f}%;background:{color}"></span>'
+            f'<span class="fe-race-n">{forwards}</span></div>')
+
+
+def race_html(spec_traces: Sequence[Mapping], van_traces: Sequence[Mapping] | None, spec_wall_s: float | None,
+              van_wall_s: float | None = None, method: str = "speculative") -> str:
+    """The race of a finished run, as HTML: target forwards of the speculative decode against vanilla
+    decoding (the steady number), tau, and the wall-clock speed-up this run measured on this machine.
+    The wall times are each decode's seconds (None: the sum of its steps' timings)."""
+    spec = trace.run_summary(spec_traces, spec_wall_s)
+    head = f'<div class="fe-race" data-forwards="{spec["forwards"]}">'
+    if not van_traces:
+        return (head + f"<b>{escape(method)}</b>: {spec['forwards']} target forwards for {spec['tokens']} tokens · "
+                f"τ {spec['tau']:.2f} (no vanilla decode in this trace)</div>")
+    van = trace.run_summary(van_traces, van_wall_s)
+    most = max(spec["forwards"], van["forwards"], 1)
+    fewer = van["forwards"] / spec["forwards"] if spec["forwards"] else 0.0
+    speed = spec["tokens_per_s"] / van["tokens_per_s"] if van["tokens_per_s"] > 0 else 0.0
+    same = "" if spec["tokens"] == van["tokens"] else f" (the replies: {spec['tokens']} and {van['tokens']} tokens)"
+    return (head + f'<div class="fe-race-head"><b>{spec["forwards"]} vs {van["forwards"]} target forwards: '
+            f"{fewer:.2f}× fewer</b>{same} · τ {spec['tau']:.2f} tokens per forward · "
+            f"wall-clock speed-up <b>{speed:.2f}×</b></div>"
+            + _bar(method, spec["forwards"], most, "#2e9d49") + _bar("vanilla", van["forwards"], most, "#8a96a8")
+            + '<div class="fe-race-note">Target forwards are the steady number: the same on any machine. '
+            "The wall-clock speed-up is what this run measured on this machine (a GPU usually gains more than a "
+            "small CPU).</div></div>")

@@ -147,6 +147,16 @@ def test_run_and_replay_in_a_browser(app_url, page):
         assert any(-1 in t["tree"]["sources"] for t in traces_[1:])
     best = max(range(1, len(traces_)), key=lambda i: (len(traces_[i]["path"]), len(traces_[i]["tree"]["tokens"])))
 
+    # The race strip above the tree: target forwards both ways, the steady number.
+    race = page.locator("#race").inner_text()
+    assert "target forwards" in race and "steady number" in race
+    # Previous / next step buttons move the slider and the tree.
+    _set_step(page, 1)
+    page.locator("#step-next").click()
+    page.wait_for_function("() => (document.querySelector('#step-info')?.innerText || '').includes('Step 2 of')")
+    page.locator("#step-prev").click()
+    page.wait_for_function("() => (document.querySelector('#step-info')?.innerText || '').includes('Step 1 of')")
+
     # Replay: the slider moves the tree to another step without decoding again.
     _set_step(page, 1)
     page.wait_for_function("() => { const el = document.querySelector('#tree-plot .js-plotly-plot');"
