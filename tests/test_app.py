@@ -317,6 +317,19 @@ def test_the_race_strip_follows_the_run_on_screen(tiny_app, tmp_path):
     assert "no vanilla" in h.on_race(run)
 
 
+def test_examples_have_short_labels_and_one_samples(tiny_app):
+    examples = [b for b in tiny_app.blocks.values() if isinstance(b, gr.Dataset)]
+    assert len(examples) == 1
+    ds = examples[0]
+    assert ds.sample_labels == [e.label for e in app.EXAMPLES]
+    assert all(len(e.label) <= 40 and "`" not in e.label and e.prompt.strip() for e in app.EXAMPLES)
+    assert len({e.label for e in app.EXAMPLES}) == len(app.EXAMPLES)
+    assert [c.label for c in ds._components][1].startswith("Temperature")  # an example sets it too
+    assert [row[1] for row in ds.samples] == [e.temperature for e in app.EXAMPLES]
+    temps = [e.temperature for e in app.EXAMPLES]
+    assert 0.0 in temps and any(0 < t <= 1.5 for t in temps)
+
+
 def test_decode_first_then_animate(tiny, tmp_path, monkeypatch):
     """The ZeroGPU path: both decodes run in one call returning plain data, then the UI animates."""
     monkeypatch.setattr(app, "ANIMATE_S", 0.2)

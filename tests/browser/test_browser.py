@@ -248,3 +248,15 @@ def test_the_tree_fits_a_narrow_screen(app_url, page):
     if bar and bar["w"] > 0 and bar["h"] > 0:
         apart = bar["b"] <= title["t"] or title["b"] <= bar["t"] or bar["r"] <= title["l"] or title["r"] <= bar["l"]
         assert apart, (bar, title)
+
+
+def test_an_example_sets_the_prompt_and_the_temperature(app_url, page):
+    import app
+
+    url, _ = app_url
+    page.goto(url, wait_until="load")
+    sampled = next(e for e in app.EXAMPLES if e.temperature > 0)
+    page.get_by_text(sampled.label, exact=True).first.click()
+    page.wait_for_function("(p) => document.querySelector('#prompt textarea').value === p", arg=sampled.prompt)
+    page.wait_for_function("(t) => Number(document.querySelector('#temperature input[type=number]').value) === t",
+                           arg=sampled.temperature)
