@@ -260,3 +260,15 @@ def test_an_example_sets_the_prompt_and_the_temperature(app_url, page):
     page.wait_for_function("(p) => document.querySelector('#prompt textarea').value === p", arg=sampled.prompt)
     page.wait_for_function("(t) => Number(document.querySelector('#temperature input[type=number]').value) === t",
                            arg=sampled.temperature)
+
+
+def test_play_steps_through_the_run(app_url, page):
+    url, _ = app_url
+    run_lookup(page, url, 12)
+    _set_step(page, 0)
+    page.locator("#step-play").click()
+    page.wait_for_function("() => (document.querySelector('#step-info')?.innerText || '').includes('Step 2 of')",
+                           timeout=20_000)
+    assert "pause" in page.locator("#step-play").inner_text()
+    page.locator("#step-play").click()
+    page.wait_for_function("() => document.querySelector('#step-play').innerText.includes('play')")
