@@ -19,6 +19,7 @@ import pytest
 
 CHROMIUM = os.environ.get("FASTEAGLE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOT = Path(__file__).resolve().parents[2] / "assets" / "screenshot.png"
+PHONE_SCREENSHOT = SCREENSHOT.with_name("screenshot-phone.png")  # the README's phone view
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 PROMPT = "List the days of the week, one per line, then list them again."
@@ -237,6 +238,9 @@ def test_the_tree_fits_a_narrow_screen(app_url, page):
                         const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
                         return Array.from(g.querySelectorAll('.textpoint text')).filter(t => t.textContent)
                                     .map(t => Object.assign(r(t), {clip})); })}; }""")
+        pg.locator("#race").scroll_into_view_if_needed()
+        pg.mouse.move(0, 0)  # the toolbar away, for the README's phone view
+        pg.screenshot(path=str(PHONE_SCREENSHOT))
     finally:
         context.close()
     plot, title, bar = boxes["plot"], boxes["title"], boxes["bar"]
