@@ -546,28 +546,20 @@ def _check_args(args) -> None:
         peek(path)
     if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
         raise FastEagleError(f"--seed must be between 0 and 2**64 - 1 (got {args.seed})")
-    if getattr(args, "tree_k", None) is not None:
-        parse_tree_k(args.tree_k)
     if hasattr(args, "temperature"):
         from fasteagle.verify import SamplingParams
 
         SamplingParams(args.temperature, getattr(args, "top_p", 1.0))
     if getattr(args, "max_new_tokens", 1) < 1:
         raise FastEagleError("--max-new-tokens must be at least 1")
-    if getattr(args, "tree_budget", None) is not None and args.tree_budget < 2:
-        raise FastEagleError("--tree-budget must be at least 2 (the root and one drafted node)")
 
 
 def _drafter_dirs(args) -> set[Path]:
-    """The drafter folders the asked methods will load (to check them before the target loads)."""
-    names = [args.method] if getattr(args, "method", None) else (getattr(args, "methods", None) or "").split(",")
-    dirs = set()
-    for m in (n.strip() for n in names):
-        if m.startswith("fasteagle"):
-            dirs.add(Path(args.drafter or DEFAULT_DRAFTER))
-        elif m.startswith("eagle3"):
-            dirs.add(Path(args.eagle3_drafter or DEFAULT_EAGLE3))
-    return dirs
+    """The drafter folders the asked methods will load (to check them before the target loads); building
+    the settings checks --tree-k and --tree-budget too."""
+    names = [args.method] if getattr(args, "method", None) else _names(getattr(args, "methods", None) or "")
+    settings = method_settings(args)
+    return {d for m in names if m in METHODS or m in ALIASES if (d := settings.drafter_dir(m)) is not None}
 
 
 def main(argv: list[str] | None = None) -> int:

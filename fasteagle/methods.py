@@ -73,6 +73,11 @@ class Settings:
         one it was trained with, the one it grew from, or one `fasteagle.train.vocab` set) unless asked."""
         return device.type == "cuda" if self.full_vocab is None else bool(self.full_vocab)
 
+    def drafter_dir(self, method: str) -> Path | None:
+        """The folder of the trained drafter `method` loads (None: it loads none)."""
+        name = PATH_SETTING.get(canonical(method))
+        return (getattr(self, name) or DEFAULT_FOLDERS[name]) if name else None
+
     def with_drafter(self, method: str, path: str | Path | None) -> Settings:
         """These settings with `path` as the folder of the trained drafter `method` loads (if it loads one)."""
         name = PATH_SETTING.get(canonical(method))
@@ -125,7 +130,7 @@ def _lookup(target, s: Settings):
 def _fasteagle(target, s: Settings):
     from fasteagle.drafter import CascadedDrafter
 
-    d = CascadedDrafter.load(s.drafter or DEFAULT_DRAFTER, target.model, s.draft_int8)
+    d = CascadedDrafter.load(s.drafter_dir("fasteagle"), target.model, s.draft_int8)
     if s.wants_full_vocab(target.device):
         d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
     elif d.compact_vocab is not None:
@@ -140,7 +145,7 @@ def _fasteagle(target, s: Settings):
 def _eagle3(target, s: Settings):
     from fasteagle.eagle3 import AutoregressiveDrafter
 
-    d = AutoregressiveDrafter.load(s.eagle3_drafter or DEFAULT_EAGLE3, target.model, s.draft_int8)
+    d = AutoregressiveDrafter.load(s.drafter_dir("eagle3"), target.model, s.draft_int8)
     _set_tree(d, "eagle3", target, s, per_depth=False)  # its dynamic tree takes one k
     return d
 
@@ -181,6 +186,7 @@ ALIASES = {  # older names: fasteagle with one setting changed, to time the two 
 }
 PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3": "eagle3_drafter",
                 "eagle3+lookup": "eagle3_drafter"}  # the Settings field naming the folder a method loads
+DEFAULT_FOLDERS = {"drafter": DEFAULT_DRAFTER, "eagle3_drafter": DEFAULT_EAGLE3}  # where that field is None
 
 
 def load_drafter(path: str | Path, target_model=None, int8: bool | None = None):
