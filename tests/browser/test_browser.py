@@ -72,9 +72,12 @@ def _plot_traces(page, elem_id: str) -> list[dict]:
                                                                n: t.x ? t.x.length : 0})) : []; }""", elem_id)
 
 
+# The tree's title; Plotly may be between layouts (no title yet) while it redraws.
+TREE_TITLE = "(document.querySelector('#tree-plot .js-plotly-plot')?.layout?.title?.text || '')"
+
+
 def _plot_title(page) -> str:
-    return page.evaluate("""() => { const el = document.querySelector('#tree-plot .js-plotly-plot');
-                                    return el && el.layout ? (el.layout.title.text || '') : ''; }""")
+    return page.evaluate(f"() => {TREE_TITLE}")
 
 
 def _set_step(page, step: int) -> None:
@@ -160,14 +163,11 @@ def test_run_and_replay_in_a_browser(app_url, page):
 
     # Replay: the slider moves the tree to another step without decoding again.
     _set_step(page, 1)
-    page.wait_for_function("() => { const el = document.querySelector('#tree-plot .js-plotly-plot');"
-                           "return el && el.layout && (el.layout.title.text || '').startsWith('step 1:'); }")
+    page.wait_for_function(f"() => {TREE_TITLE}.startsWith('step 1:')")
     assert _plot_title(page).startswith("step 1:")
     step = best if best != 1 else 2
     _set_step(page, step)
-    page.wait_for_function("(s) => { const el = document.querySelector('#tree-plot .js-plotly-plot');"
-                           "return el && el.layout && (el.layout.title.text || '').startsWith('step ' + s + ':'); }",
-                           arg=step)
+    page.wait_for_function(f"(s) => {TREE_TITLE}.startsWith('step ' + s + ':')", arg=step)
     page.wait_for_timeout(500)  # let Plotly finish drawing
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
