@@ -448,8 +448,13 @@ def _train_parser(sub) -> None:
                    help="skip ShareGPT conversations whose first prompt is not English")
     t.add_argument("--max-len", dest="max_len", type=int, default=None, help="tokens kept per conversation")
     t.add_argument("--distill-max-new", dest="distill_max_new", type=int, default=None)
+    t.add_argument("--prompt-tail", dest="prompt_tail", type=int, default=None,
+                   help="distillation keeps a prompt's last this many tokens (default 512)")
     t.add_argument("--eval-sequences", dest="eval_sequences", type=int, default=None)
     t.add_argument("--warmup", type=int, default=None)
+    t.add_argument("--schedule", choices=["cosine", "constant"], default=None,
+                   help="lr after warmup: cosine to zero over the run (default), or constant (a run continued to "
+                        "more --max-steps goes on the same schedule)")
     t.add_argument("--draft-vocab", dest="draft_vocab", type=int, default=None,
                    help="draft only the N most frequent reply tokens (0: the full vocabulary); with --init-from, "
                         "N above its draft vocab grows it (N >= the vocabulary size: all of it)")

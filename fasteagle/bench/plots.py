@@ -62,6 +62,37 @@ def charts(doc: dict, path: str | Path) -> None:
         fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)  # a fixed id: a redraw changes nothing
 
 
+def equal_training_charts(doc: dict, path: str | Path) -> None:
+    """Plotly HTML of a recipe's curves: tau (at the auto and the paper tree) and speed-up against the
+    tokens each drafter trained on, and per-depth acceptance at each drafter's largest budget."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    points = doc["equal_training"]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["τ against training tokens", "speed-up vs vanilla",
+                                                        "per-depth acceptance, largest budget"])
+    for i, (name, pts) in enumerate(points.items()):
+        color = qualitative.Plotly[i % len(qualitative.Plotly)]
+        x = [p.get("tokens_trained") or p["steps"] for p in pts]
+        for key, dash in (("auto_tree", "solid"), ("paper_tree", "dot")):
+            fig.add_scatter(x=x, y=[(p.get(key) or {}).get("tau") for p in pts], mode="lines+markers", row=1, col=1,
+                            name=f"{name} ({'auto' if key == 'auto_tree' else 'paper'} tree)", line_color=color,
+                            line_dash=dash, legendgroup=name)
+        fig.add_scatter(x=x, y=[(p.get("auto_tree") or {}).get("speedup_vs_vanilla") for p in pts],
+                        mode="lines+markers", row=1, col=2, line_color=color, legendgroup=name, showlegend=False)
+        last = (pts[-1].get("auto_tree") or {}).get("depth_acceptance") if pts else None
+        if last:
+            fig.add_scatter(x=list(range(1, len(last) + 1)), y=last, mode="lines+markers", row=1, col=3,
+                            line_color=color, legendgroup=name, showlegend=False)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="reply tokens trained on", row=1, col=col)
+    fig.update_xaxes(title_text="draft depth", row=1, col=3)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray", row=1, col=2)
+    fig.update_layout(title=f"Equal training on {doc.get('device', '?')}", height=460, template="plotly_white")
+    with atomic_path(path) as tmp:
+        fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)
+
+
 def redraw(result_file: str | Path) -> None:
     """The .md table (and, for a method comparison, the .html charts) of a result JSON, drawn again."""
     path = Path(result_file)
@@ -69,3 +100,5 @@ def redraw(result_file: str | Path) -> None:
     write_text(path.with_suffix(".md"), markdown_table(doc))
     if "methods" in doc and "rows" in doc:
         charts(doc, path.with_suffix(".html"))
+    if "equal_training" in doc:
+        equal_training_charts(doc, path.with_suffix(".html"))

@@ -144,6 +144,8 @@ def markdown_table(doc: dict) -> str:
         return _verify_cost_table(doc)
     if "budget_curve" in doc:
         return _budget_curve_table(doc)
+    if "equal_training" in doc:
+        return _equal_training_table(doc)
     if doc.get("profile"):
         from fasteagle.profile import markdown
 
@@ -225,6 +227,31 @@ def _budget_curve_table(doc: dict) -> str:
              "|---|" + "---|" * (len(budgets) + 1)]
     lines += [f"| {c} ({doc['steps'][c]} steps) | " + " | ".join(f"{v:.2f}" for v in row.values())
               + (f" | {decoded[c]:.2f} |" if c in decoded else " | – |") for c, row in curve.items()]
+    return head + "\n".join(lines) + "\n"
+
+
+def _equal_training_table(doc: dict) -> str:
+    """Drafters trained on the same shards in the same order, measured at each budget (`fasteagle.train.recipe`)."""
+    def cell(m: dict | None, key: str, fmt: str) -> str:
+        return format(m[key], fmt) if m and m.get(key) is not None else "–"
+
+    lines = ["| drafter | steps | tokens trained | train min | lr | auto tree | τ | tokens/s | speed-up | draft ms "
+             "| τ at paper tree | per-depth acceptance (auto tree) |", "|---|" + "---|" * 11]
+    for name, points in doc["equal_training"].items():
+        for p in points:
+            a, b = p.get("auto_tree"), p.get("paper_tree")
+            depth = " ".join(f"{x:.2f}" for x in (a or {}).get("depth_acceptance") or [])
+            lines.append(f"| {name} | {p['steps']} | {p.get('tokens_trained') or '–'} | "
+                         f"{cell(p, 'train_minutes', '.1f')} | {cell(p, 'lr', 'g')} | {cell(a, 'tree_budget', 'd')} | "
+                         f"{cell(a, 'tau', '.2f')} | {cell(a, 'tokens_per_s', '.1f')} | "
+                         f"{cell(a, 'speedup_vs_vanilla', '.2f')}x | {cell(a, 'draft_ms', '.1f')} | "
+                         f"{cell(b, 'tau', '.2f')} ({cell(b, 'tree_budget', 'd')}) | {depth or '–'} |")
+    r = doc.get("recipe", {})
+    head = (f"**{doc.get('device', '?')}**: drafters trained from scratch on the same feature shards in the same "
+            f"order ({', '.join(f'{s} {n}' for s, n in r.get('prompts', {}).items())} prompts, self-distilled), "
+            f"each measured against vanilla on {', '.join(Path(x).name for x in r.get('eval', {}).get('prompts', []))}"
+            f" at its own `--tree auto` budget and at the paper's tree; the pair: {' vs '.join(doc.get('pair', []))}"
+            "\n\n")
     return head + "\n".join(lines) + "\n"
 
 

@@ -60,6 +60,7 @@ class TrainConfig:
     english_only: bool = False  # skip ShareGPT conversations whose first prompt is not English
     distill: bool = False  # regenerate replies with the target first
     distill_max_new: int = 256
+    prompt_tail: int = PROMPT_TAIL  # distillation keeps a prompt's last this many tokens
     distill_batch: int = 128
     distill_minutes: float | None = None
     distill_sample_every: int = 4  # every n-th distillation batch is sampled (temperature 0.7); 1: all, 0: none
@@ -83,6 +84,8 @@ class TrainConfig:
     keep_prompt: int = 64  # prompt tokens kept before each reply in distilled feature shards
     lr: float = 5e-4
     warmup: int = 100
+    schedule: str = "cosine"  # "cosine": anneal to zero over the run; "constant": hold lr after warmup, so a run
+    # continued to a larger --max-steps goes on the same schedule (training curves, snapshots at budgets)
     weight_decay: float = 0.0
     clip: float = 0.5
     batch_tokens: int = 8192
@@ -134,8 +137,8 @@ class TrainConfig:
 
 
 _FLAGS = {"extra_data": "--add-data", "extra_features": "--add-features"}  # the rest: --name-with-dashes
-_AT_LEAST_1 = ("max_len", "num_layers", "depth", "intermediate", "topk", "batch_tokens", "checkpoint_every",
-               "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit")
+_AT_LEAST_1 = ("max_len", "prompt_tail", "num_layers", "depth", "intermediate", "topk", "batch_tokens",
+               "checkpoint_every", "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit")
 _AT_LEAST_0 = ("skip", "draft_vocab", "loss_vocab", "micro_batch", "warmup", "distill_sample_every",
                "eval_sequences", "seed", "weight_decay", "lr")  # lr 0: evaluate a drafter as it is
 _ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard_mb")
@@ -143,7 +146,7 @@ _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") f
            | {n: (0, "above 0") for n in _ABOVE_0})
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
 _CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"),
-            "mixed_precision": ("auto", "bf16", "no")}
+            "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -295,7 +298,7 @@ def distill(run: Run, train_data: dict | None) -> dict | None:
     if not cfg.distill or train_data is None:
         return train_data
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
-    prompts = [p[-PROMPT_TAIL:] for p in train_data["prompt_ids"]]
+    prompts = [p[-cfg.prompt_tail:] for p in train_data["prompt_ids"]]
     if cfg.features == "cache":  # one target pass yields both the replies and their features
         distill_features(model, tok, prompts, run.fdir, run.dcfg.feature_layers, cfg.distill_max_new,
                          cfg.distill_batch, budget, sample_every=cfg.distill_sample_every,
@@ -324,7 +327,7 @@ def holdout_data(run: Run) -> dict | None:
     if holdout_file.exists():
         return data_mod.load_token_dataset(holdout_file)
     holdout = self_distill(run.model, run.target.tokenizer,
-                           [p[-PROMPT_TAIL:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
+                           [p[-cfg.prompt_tail:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
                            cfg.distill_max_new, cfg.distill_batch, sample_every=0)
     data_mod.save_token_dataset(holdout, holdout_file)
     return holdout
@@ -487,6 +490,7 @@ class Progress:
     epoch: int = 0
     in_epoch: int = 0  # batches of the epoch done
     trained_s: float = 0.0  # wall time spent training, a resumed run's earlier part included
+    tokens: int = 0  # reply tokens the loss has counted so far (a resumed run's earlier part included)
     history: list[dict] = field(default_factory=list)
 
 
@@ -499,7 +503,7 @@ def resume(run: Run) -> Progress:
     state = json.loads((ckpt / "state.json").read_text())
     run.accel.load_state(str(ckpt / state.get("dir", ".")))  # no "dir": a checkpoint saved in place before
     progress = Progress(step=state["step"], epoch=state.get("epoch", 0), in_epoch=state.get("in_epoch", 0),
-                        trained_s=state.get("train_seconds", 0.0))
+                        trained_s=state.get("train_seconds", 0.0), tokens=state.get("tokens", 0))
     run.accel.print(f"resumed at step {progress.step} (epoch {progress.epoch}, batch {progress.in_epoch}, "
                     f"{progress.trained_s / 60:.1f} min trained)")
     return progress
@@ -507,7 +511,8 @@ def resume(run: Run) -> Progress:
 
 def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total_steps: int) -> None:
     """Train until `total_steps` or --minutes, epoch after epoch, logging every 10 steps and saving a
-    checkpoint every `checkpoint_every`; `progress` advances as it goes."""
+    checkpoint every `checkpoint_every` and where it stops (a later run with more steps goes on from
+    there); `progress` advances as it goes."""
     cfg, accel = run.cfg, run.accel
     bar = tqdm(total=total_steps, initial=progress.step, desc="train", disable=not accel.is_main_process)
     t_train = time.monotonic() - progress.trained_s  # a resumed run's schedule and time budget go on, not restart
@@ -515,7 +520,12 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
     def out_of_time() -> bool:
         return bool(cfg.minutes) and time.monotonic() - t_train > cfg.minutes * 60
 
-    done = progress.step >= total_steps or out_of_time()
+    def checkpoint() -> None:
+        save_checkpoint(accel, run.out / "checkpoint",
+                        {"step": progress.step, "epoch": progress.epoch, "in_epoch": progress.in_epoch,
+                         "train_seconds": round(time.monotonic() - t_train, 3), "tokens": progress.tokens})
+
+    start, done = progress.step, progress.step >= total_steps or out_of_time()
     while not done:
         for batch in batches.epoch(progress.epoch, progress.in_epoch):
             progress.in_epoch += 1
@@ -529,14 +539,14 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
             opt.step()
             opt.zero_grad(set_to_none=True)
             progress.step += 1
+            progress.tokens += int(batch.loss_mask.sum())
             bar.update(1)
             if progress.step % 10 == 0:
-                progress.history.append({"step": progress.step, "loss": float(loss.detach())} | stats)
+                progress.history.append({"step": progress.step, "tokens": progress.tokens,
+                                         "loss": float(loss.detach())} | stats)
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
             if progress.step % cfg.checkpoint_every == 0:
-                save_checkpoint(accel, run.out / "checkpoint",
-                                {"step": progress.step, "epoch": progress.epoch, "in_epoch": progress.in_epoch,
-                                 "train_seconds": round(time.monotonic() - t_train, 3)})
+                checkpoint()
             if progress.step >= total_steps or out_of_time():
                 done = True
                 break
@@ -547,6 +557,8 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
             progress.epoch, progress.in_epoch = progress.epoch + 1, 0
             done = out_of_time()
     bar.close()
+    if progress.step > start and progress.step % cfg.checkpoint_every:
+        checkpoint()
     progress.trained_s = time.monotonic() - t_train
 
 
@@ -557,6 +569,7 @@ def run_info(run: Run, progress: Progress, epochs_done: float, replies: ReplySta
     train_minutes = progress.trained_s / 60
     return {"training": asdict(cfg) | {
         "steps": progress.step, "epochs_done": epochs_done, "train_tokens": int(replies.counts.sum()),
+        "tokens_trained": progress.tokens,
         "tokens_per_feature_dir": replies.tokens_per_dir, "train_minutes": round(train_minutes, 2),
         "total_minutes": round((time.monotonic() - run.t_start) / 60, 2),
         "device": torch.cuda.get_device_name() if accel.device.type == "cuda" else "cpu",
@@ -660,12 +673,16 @@ def process_share(order: list[int], index: int, count: int) -> list[int]:
 
 
 def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> float:
-    """Linear warmup, then cosine to zero over the run; with a time budget, progress is whichever
-    of steps or wall time is further along, so a timed run still anneals."""
+    """Linear warmup, then cosine to zero over the run (or, with schedule "constant", the peak lr
+    held); with a time budget, progress is whichever of steps or wall time is further along, so a
+    timed run still anneals."""
+    warm = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
+    if cfg.schedule == "constant":
+        return warm
     progress = step / total_steps
     if cfg.minutes:
         progress = max(progress, elapsed_s / (cfg.minutes * 60))
-    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup)) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return warm * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 @torch.no_grad()

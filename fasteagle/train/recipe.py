@@ -1,0 +1,350 @@
+"""Drafters trained at equal budgets from one recipe file, then measured side by side:
+
+    python -m fasteagle.train.recipe assets/recipes/equal-training.json
+
+A recipe (a JSON file, see assets/recipes/) names the prompts, the training settings every drafter
+shares, each drafter's own settings, and the budgets (optimizer steps) at which every drafter is
+saved and benchmarked. The stages, each resumable (a rerun skips what is on disk, and a training run
+goes on from its last checkpoint):
+
+1. prompts  the recipe's prompt sources, tokenized once (OUT/prompts.pt);
+2. data     the target answers them, and its features go into fp16 shards in the same pass
+            (OUT/data/features): the one teacher pass that every drafter trains on;
+3. tune     for each drafter of the pair, each candidate learning rate for a few steps; the lowest
+            late training loss wins (OUT/tune.json): the one setting that may differ between the two,
+            written down. Another drafter (an ablation) takes the lr tuned for the pair's drafter of
+            its kind, so that it differs from it in its own settings only;
+4. train    each drafter from scratch on the same shards in the same order (same seed, same
+            micro-batches, so step n has seen the same tokens for every drafter), saved at every
+            budget (OUT/<drafter>/at-<steps>);
+5. eval     at each budget `fasteagle bench` on the saved drafters: the compared pair side by side
+            at each one's `--tree auto` budget and at the paper's ~60-node tree, each other drafter
+            (a depth ablation) beside vanilla (OUT/eval/*.json, each storing its own command);
+6. report   the curves as one result file with its Markdown table and Plotly charts (--report FILE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fasteagle.errors import FastEagleError, Parser, run_command
+from fasteagle.fields import from_json
+from fasteagle.files import check_writable, write_text
+
+STAGES = ("prompts", "data", "tune", "train", "eval", "report")
+SOURCES = ("chat", "code")  # besides the task categories of fasteagle.train.tasks
+SNAPSHOT_FILES = ("model.safetensors", "config.json", "README.md", "history.json")
+
+
+@dataclass
+class Recipe:
+    prompts: dict  # source -> how many prompts: chat, code, or a category of fasteagle.train.tasks
+    budgets: list[int]  # optimizer steps at which every drafter is saved and measured
+    drafters: dict  # name -> its own TrainConfig settings (drafter, num_layers, ...), and "budgets" where
+    # they differ from the recipe's (an ablation measured at one budget)
+    pair: list[str]  # the two drafters compared side by side: [the cascade, the EAGLE-3-style one]
+    train: dict = field(default_factory=dict)  # TrainConfig settings shared by every drafter and the data stage
+    max_prompt_tokens: int = 2048  # longer prompts are left out
+    tune: dict = field(default_factory=dict)  # {"lr": [...], "steps": n}: tried for the pair's drafters
+    eval: dict = field(default_factory=dict)  # bench settings: prompts, limit, max_new_tokens, paper_budget
+    out: str = ""  # where it all goes (default: runs/<the recipe file's name>)
+
+    def budgets_of(self, name: str) -> list[int]:
+        return sorted(self.drafters[name].get("budgets", self.budgets))
+
+    def settings(self, name: str) -> dict:
+        """TrainConfig settings of drafter `name`: the shared ones, then its own."""
+        return self.train | {k: v for k, v in self.drafters[name].items() if k != "budgets"}
+
+
+def load(path: str | Path) -> Recipe:
+    """A recipe file, every field and every drafter's settings checked before anything runs."""
+    from fasteagle.train.tasks import CATEGORIES
+    from fasteagle.train.trainer import TrainConfig
+
+    path = Path(path)
+    if not path.is_file():
+        raise FastEagleError(f"no recipe file at {path}")
+    recipe = from_json(Recipe, json.loads(path.read_text(encoding="utf-8")), f"recipe {path}")
+    recipe.out = recipe.out or str(Path("runs") / path.stem)
+    unknown = sorted(set(recipe.prompts) - set(SOURCES) - set(CATEGORIES))
+    if unknown:
+        raise FastEagleError(f"recipe {path}: unknown prompt source {unknown[0]!r} (known: "
+                             f"{', '.join(SOURCES + CATEGORIES)})")
+    if len(recipe.pair) != 2 or not set(recipe.pair) <= set(recipe.drafters):
+        raise FastEagleError(f"recipe {path}: pair must name two of its drafters, not {recipe.pair}")
+    if not recipe.budgets or min(recipe.budgets) < 1:
+        raise FastEagleError(f"recipe {path}: budgets must be a list of step counts of 1 or more")
+    for name in recipe.drafters:
+        TrainConfig(out=str(Path(recipe.out) / name), **recipe.settings(name)).check()
+    return recipe
+
+
+def run(recipe: Recipe, stages: tuple[str, ...] = STAGES, report_to: str | None = None) -> None:
+    """The asked stages in order, each skipping what an earlier run already wrote."""
+    out = check_writable(recipe.out, "the recipe's out folder", directory=True)
+    target = None
+    if {"prompts", "data", "tune", "train"} & set(stages):
+        from fasteagle.target import load_target
+
+        target = load_target(recipe.train.get("target"), device=recipe.train.get("device"),
+                             dtype=recipe.train.get("dtype"))
+    if "prompts" in stages:
+        build_prompts(recipe, target, out / "prompts.pt")
+    if "data" in stages:
+        distill(recipe, target, out)
+    if "tune" in stages:
+        tune(recipe, target, out)
+    if "train" in stages:
+        for name in recipe.drafters:
+            for steps in recipe.budgets_of(name):
+                train_to(recipe, target, out, name, steps)
+    if "eval" in stages:
+        evaluate(recipe, out)
+    if "report" in stages:
+        report(recipe, out, report_to)
+
+
+def build_prompts(recipe: Recipe, target, path: Path) -> None:
+    """The prompt-only token dataset the target will answer: the first n prompts of each source."""
+    from fasteagle.train import data as data_mod
+    from fasteagle.train import tasks
+
+    if path.exists():
+        return
+    tok, limit, parts = target.tokenizer, recipe.max_prompt_tokens, []
+    categories = {c: n for c, n in recipe.prompts.items() if c in tasks.CATEGORIES}
+    if categories:
+        found = tasks.category_prompts(max(categories.values()), "train")
+        records = [{"id": p["id"], "prompt": p["turns"][0]} for c, n in categories.items()
+                   for p in [q for q in found if q["category"] == c][:n]]
+        parts.append(data_mod.build_text_prompt_dataset(tok, records, limit))
+    if recipe.prompts.get("chat"):
+        chat = data_mod.build_prompt_dataset(tok, "train", limit)
+        parts.append({k: v[: recipe.prompts["chat"]] for k, v in chat.items()})
+    if recipe.prompts.get("code"):
+        code = data_mod.build_text_prompt_dataset(tok, data_mod.library_code_prompts(), limit)
+        parts.append({k: v[: recipe.prompts["code"]] for k, v in code.items()})
+    prompts = data_mod.join_token_datasets(*parts)
+    print(f"prompts: {len(prompts['prompt_ids'])} ({', '.join(f'{s} {n}' for s, n in recipe.prompts.items())})")
+    data_mod.save_token_dataset(prompts, path)
+
+
+def config(recipe: Recipe, name: str | None, root: Path, **more):
+    """The TrainConfig of one run: the data stage (`name` None) or drafter `name` on the shared shards."""
+    from fasteagle.train.trainer import TrainConfig
+
+    shared = {"data": str(root / "prompts.pt"), "features": "cache", "feature_dir": str(root / "data" / "features"),
+              "distill": True, "eval_initial": False, "schedule": "constant"}
+    settings = recipe.train if name is None else recipe.settings(name)
+    return TrainConfig(**(shared | settings | more)).check()
+
+
+def distill(recipe: Recipe, target, out: Path) -> None:
+    """Self-distillation into the shared feature shards (shards already written are kept)."""
+    from fasteagle.train.trainer import train
+
+    train(config(recipe, None, out, out=str(out / "data"), distill_only=True), target=target, command=_command())
+
+
+def tune(recipe: Recipe, target, out: Path) -> None:
+    """For each drafter of the pair without its own lr: `tune.steps` steps at each of `tune.lr`; the lr
+    with the lowest mean loss over the last quarter of logged steps is written to OUT/tune.json."""
+    from fasteagle.train.trainer import train
+
+    lrs, steps = recipe.tune.get("lr", []), recipe.tune.get("steps", 0)
+    if not lrs or not steps:
+        return
+    chosen = tuned(out)
+    for name in recipe.pair:
+        if "lr" in recipe.drafters[name] or name in chosen:
+            continue
+        losses = {}
+        for lr in lrs:
+            run_dir = out / "tune" / f"{name}-lr{lr:g}"
+            if not (run_dir / "history.json").exists():
+                train(config(recipe, name, out, out=str(run_dir), lr=lr, max_steps=steps, reuse_features=True),
+                      target=target, command=_command())
+            history = json.loads((run_dir / "history.json").read_text())
+            late = history[len(history) * 3 // 4:] or history
+            losses[f"{lr:g}"] = round(sum(h["loss"] for h in late) / max(1, len(late)), 4)
+        best = min(losses, key=losses.get)
+        chosen[name] = {"lr": float(best), "late_loss_by_lr": losses, "steps": steps}
+        print(f"tune {name}: lr {best} (late loss by lr: {losses})")
+        write_text(out / "tune.json", json.dumps(chosen, indent=2))
+
+
+def tuned(out: Path) -> dict:
+    path = out / "tune.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def tuned_lr(recipe: Recipe, out: Path, name: str) -> float | None:
+    """The lr tune chose for drafter `name`, or for the pair's drafter of its kind; None: its own or
+    the shared lr stands."""
+    if "lr" in recipe.drafters[name]:
+        return None
+    kind = recipe.settings(name).get("drafter", "fasteagle")
+    same = [p for p in recipe.pair if recipe.settings(p).get("drafter", "fasteagle") == kind]
+    chosen = tuned(out)
+    return next((chosen[n]["lr"] for n in [name, *same] if n in chosen), None)
+
+
+def train_to(recipe: Recipe, target, out: Path, name: str, steps: int) -> Path:
+    """Drafter `name` trained to `steps` optimizer steps (on from its last checkpoint), its weights and
+    config copied to OUT/<name>/at-<steps> once there."""
+    from fasteagle.train.trainer import train
+
+    snap = out / name / f"at-{steps}"
+    if (snap / "config.json").exists():
+        return snap
+    lr = tuned_lr(recipe, out, name)
+    more = {"lr": lr} if lr is not None else {}
+    run_dir = out / name / "run"
+    train(config(recipe, name, out, out=str(run_dir), max_steps=steps, reuse_features=True, **more),
+          target=target, command=_command())
+    part = snap.with_name(snap.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    for f in SNAPSHOT_FILES:
+        if (run_dir / f).exists():
+            shutil.copy2(run_dir / f, part / f)
+    part.rename(snap)
+    return snap
+
+
+def bench_runs(recipe: Recipe, out: Path) -> list[tuple[Path, list[str]]]:
+    """(result file, bench arguments) of every measurement: per budget the pair at its auto trees
+    (vanilla beside it) and at the paper's tree; per budget of every other drafter, it beside vanilla."""
+    e = recipe.eval
+    common = ["--prompts", ",".join(e.get("prompts", ["assets/prompts/sharegpt_holdout.jsonl"])),
+              "--limit", str(e.get("limit", 8)), "--max-new-tokens", str(e.get("max_new_tokens", 64))]
+    common += [a for key in ("target", "device") if recipe.train.get(key) for a in (f"--{key}", recipe.train[key])]
+    cascade, eagle3 = recipe.pair
+    runs = []
+    for steps in recipe.budgets:
+        a, b = out / cascade / f"at-{steps}", out / eagle3 / f"at-{steps}"
+        pair = ["--drafter", str(a), "--eagle3-drafter", str(b)]
+        runs.append((out / "eval" / f"pair-at-{steps}.json",
+                     common + pair + ["--methods", "vanilla,fasteagle,eagle3", "--tree", "auto"]))
+        runs.append((out / "eval" / f"paper-at-{steps}.json",
+                     common + pair + ["--methods", "vanilla,fasteagle,eagle3",
+                                      "--tree-budget", str(e.get("paper_budget", 60))]))
+    for name in recipe.drafters:
+        if name in recipe.pair:
+            continue
+        for steps in recipe.budgets_of(name):
+            runs.append((out / "eval" / f"{name}-at-{steps}.json",
+                         common + ["--drafter", str(out / name / f"at-{steps}"), "--methods", "vanilla,fasteagle",
+                                   "--tree", "auto"]))
+    return runs
+
+
+def evaluate(recipe: Recipe, out: Path) -> None:
+    """Every bench run whose drafters are saved and whose result is not written yet, one process each."""
+    for result, args in bench_runs(recipe, out):
+        drafters = [Path(args[i + 1]) for i, a in enumerate(args) if a in ("--drafter", "--eagle3-drafter")]
+        if result.exists() or not all((d / "config.json").exists() for d in drafters):
+            continue
+        cmd = [sys.executable, "-m", "fasteagle", "bench", *args, "--out", str(result)]
+        print("eval:", " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def curves(recipe: Recipe, out: Path) -> dict:
+    """The measured points: per drafter and budget, what it was trained on and what bench measured."""
+    points: dict[str, list[dict]] = {name: [] for name in recipe.drafters}
+    for result, _ in bench_runs(recipe, out):
+        if not result.exists():
+            continue
+        doc, kind = json.loads(result.read_text()), result.name.split("-at-")[0]
+        steps = int(result.stem.split("-at-")[1])
+        names = recipe.pair if kind in ("pair", "paper") else [kind]
+        for name, method in zip(names, ("fasteagle", "eagle3")):
+            m, info = doc["methods"][method], _training(out / name / f"at-{steps}")
+            point = _point(points[name], steps, info)
+            key = "paper_tree" if kind == "paper" else "auto_tree"
+            point[key] = {"tau": m.get("tau"), "tokens_per_s": m.get("tokens_per_s"),
+                          "speedup_vs_vanilla": m.get("speedup_vs_vanilla"), "draft_ms": m.get("draft_ms"),
+                          "depth_acceptance": m.get("depth_acceptance"),
+                          "tree_budget": _budget(doc["settings"].get("tree_budget"), method),
+                          "identical": m.get("identical_to_vanilla"), "prompts": m.get("prompts"),
+                          "result": str(result), "command": doc.get("command")}
+    return {name: sorted(p, key=lambda x: x["steps"]) for name, p in points.items()}
+
+
+def _point(points: list[dict], steps: int, info: dict) -> dict:
+    for p in points:
+        if p["steps"] == steps:
+            return p
+    points.append({"steps": steps, "tokens_trained": info.get("tokens_trained"),
+                   "train_minutes": info.get("train_minutes"), "device": info.get("device"),
+                   "lr": info.get("lr"), "kind": info.get("drafter")})
+    return points[-1]
+
+
+def _training(snap: Path) -> dict:
+    return json.loads((snap / "config.json").read_text()).get("training", {})
+
+
+def _budget(budget, method: str):
+    return budget.get(method) if isinstance(budget, dict) else budget
+
+
+def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
+    """The curves as one result document (with the recipe and the command), its table and charts."""
+    from fasteagle.bench import markdown_table
+    from fasteagle.bench.plots import equal_training_charts
+
+    points = curves(recipe, out)
+    measured = [r for r, _ in bench_runs(recipe, out) if r.exists()]
+    if not measured:
+        raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
+    device = json.loads(measured[0].read_text()).get("device")
+    doc = {"equal_training": points, "pair": recipe.pair, "recipe": dataclasses.asdict(recipe),
+           "tune": tuned(out), "device": device, "command": _command()}
+    path = Path(dest or out / "equal-training.json")
+    write_text(path, json.dumps(doc, indent=2))
+    table = markdown_table(doc)
+    write_text(path.with_suffix(".md"), table)
+    equal_training_charts(doc, path.with_suffix(".html"))
+    print(table)
+    print(f"wrote {path} (+ .md table, .html charts)")
+    return path
+
+
+def _command() -> str:
+    import shlex
+
+    return "python -m fasteagle.train.recipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog="python -m fasteagle.train.recipe", description=__doc__.splitlines()[0])
+    p.add_argument("recipe", help="recipe JSON file (see assets/recipes/)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of: {', '.join(STAGES)}")
+    p.add_argument("--out", default=None, help="where the runs go (default: the recipe's out, or runs/<its name>)")
+    p.add_argument("--report", default=None, metavar="FILE", help="the report's result file (default: in --out)")
+    args = p.parse_args(argv)
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    bad = [s for s in stages if s not in STAGES]
+    if bad or not stages:
+        p.error(f"--stages takes {', '.join(STAGES)}, not {bad[0] if bad else 'nothing'!r}")
+
+    def go() -> int:
+        recipe = load(args.recipe)
+        recipe.out = args.out or recipe.out
+        run(recipe, stages, args.report)
+        return 0
+
+    return run_command(go)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""The equal-training recipe end to end on a tiny target: one distillation that both drafters train
+on in the same order, a learning rate tuned per drafter, snapshots at every budget, a bench per
+budget, one report; a rerun redoes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fasteagle.errors import FastEagleError
+from fasteagle.train import recipe as recipe_mod
+from fasteagle.train.data import build_prompt_ids, save_token_dataset
+from tests.conftest import TINY_VOCAB, tiny_tokenizer
+from tests.test_bad_inputs import tiny_dir  # noqa: F401
+
+
+def write_recipe(tmp_path, tiny_dir, **over) -> tuple:  # noqa: F811
+    out = tmp_path / "runs"
+    g = torch.Generator().manual_seed(0)
+    tok = tiny_tokenizer()
+    prompts = [" ".join(f"w{int(i)}" for i in torch.randint(4, TINY_VOCAB, (5,), generator=g)) for _ in range(12)]
+    ids = [build_prompt_ids(tok, p) for p in prompts]
+    save_token_dataset({"input_ids": ids, "loss_mask": [[0] * len(x) for x in ids], "prompt_ids": ids,
+                        "ids": [f"p{i}" for i in range(len(ids))]}, out / "prompts.pt")
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("".join(json.dumps({"id": f"e{i}", "turns": [p]}) + "\n" for i, p in enumerate(prompts[:2])))
+    recipe = {
+        "prompts": {"chat": 12}, "out": str(out),
+        "train": {"target": str(tiny_dir), "device": "cpu", "distill_max_new": 24, "distill_batch": 4,
+                  "distill_sample_every": 0, "topk": 8, "micro_batch": 2, "warmup": 2, "epochs": 1000,
+                  "checkpoint_every": 100, "intermediate": 64, "keep_prompt": 16},
+        "drafters": {"cascade": {"drafter": "fasteagle", "num_layers": 3},
+                     "eagle": {"drafter": "eagle3", "depth": 3},
+                     "cascade-2": {"drafter": "fasteagle", "num_layers": 2, "budgets": [10]}},
+        "pair": ["cascade", "eagle"], "budgets": [10, 20], "tune": {"lr": [0.001, 0.003], "steps": 10},
+        "eval": {"prompts": [str(evals)], "limit": 2, "max_new_tokens": 8, "paper_budget": 12},
+    } | over
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(recipe))
+    return path, out
+
+
+def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_path, tiny_dir, capsys):  # noqa: F811
+    path, out = write_recipe(tmp_path, tiny_dir)
+    assert recipe_mod.main([str(path), "--report", str(tmp_path / "report.json")]) == 0
+    assert sorted(p.name for p in (out / "data" / "features").glob("shard-*.pt"))  # one teacher pass
+    # the same shards in the same order: step n has seen the same tokens whichever drafter trains
+    hist = {n: json.loads((out / n / "at-20" / "history.json").read_text()) for n in ("cascade", "eagle")}
+    assert [h["tokens"] for h in hist["cascade"]] == [h["tokens"] for h in hist["eagle"]] != []
+    tuned = json.loads((out / "tune.json").read_text())
+    assert set(tuned) == {"cascade", "eagle"}  # the pair; cascade-2 takes the cascade's
+    assert all(set(t["late_loss_by_lr"]) == {"0.001", "0.003"} for t in tuned.values())
+    ablation = json.loads((out / "cascade-2" / "at-10" / "config.json").read_text())["training"]
+    assert ablation["lr"] == tuned["cascade"]["lr"] and ablation["num_layers"] == 2
+    for name in ("cascade", "eagle"):
+        info = json.loads((out / name / "at-20" / "config.json").read_text())["training"]
+        assert info["steps"] == 20 and info["lr"] == tuned[name]["lr"]
+        assert json.loads((out / name / "at-10" / "config.json").read_text())["training"]["steps"] == 10
+    doc = json.loads((tmp_path / "report.json").read_text())
+    points = doc["equal_training"]
+    assert [p["steps"] for p in points["cascade"]] == [10, 20] and [p["steps"] for p in points["cascade-2"]] == [10]
+    for name in ("cascade", "eagle"):
+        for p in points[name]:
+            assert p["auto_tree"]["tau"] >= 1.0 and p["paper_tree"]["tree_budget"] == 12
+            assert p["auto_tree"]["identical"] == 2  # lossless, both prompts
+            assert p["auto_tree"]["command"].startswith("python -m fasteagle bench")
+    assert points["cascade"][1]["tokens_trained"] == points["eagle"][1]["tokens_trained"] > 0
+    table = (tmp_path / "report.md").read_text()
+    assert "| cascade | 20 |" in table and "| eagle | 10 |" in table
+    assert (tmp_path / "report.html").stat().st_size > 1000
+    # a rerun finds everything on disk: nothing is trained or measured again
+    stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.suffix in (".safetensors", ".json", ".pt")}
+    capsys.readouterr()
+    assert recipe_mod.main([str(path), "--stages", "prompts,data,tune,train,eval"]) == 0
+    assert "eval:" not in capsys.readouterr().out
+    assert stamp == {p: p.stat().st_mtime_ns for p in stamp}
+
+
+@pytest.mark.parametrize("change, word", [
+    ({"pair": ["cascade"]}, "pair must name two"),
+    ({"prompts": {"poetry": 3}}, "unknown prompt source 'poetry'"),
+    ({"budgets": []}, "budgets must be"),
+    ({"drafters": {"cascade": {"drafter": "lstm"}, "eagle": {}}}, "drafter"),
+    ({"drafters": {"cascade": {"num_layers": 0}, "eagle": {}}}, "num_layers"),
+])
+def test_a_bad_recipe_is_refused_before_anything_loads(tmp_path, tiny_dir, change, word, capsys):  # noqa: F811
+    path, _ = write_recipe(tmp_path, tiny_dir, **change)
+    with pytest.raises(FastEagleError, match=word):
+        recipe_mod.load(path)
+    assert recipe_mod.main([str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and word.split()[0] in err[0]
