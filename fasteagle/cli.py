@@ -483,10 +483,10 @@ def _train_parser(sub) -> None:
                    help="MLP channels per drafter layer (default 768)")
     t.add_argument("--mixed-precision", dest="mixed_precision", choices=["auto", "bf16", "no"], default=None,
                    help="the drafter's matmuls in bf16, its weights in fp32 (auto: bf16 on a GPU, fp32 on a CPU; "
-                        "bf16 is ~2x faster on a CPU with AVX512-BF16 or AMX)")
+                        "bf16 is faster on a CPU with AVX512-BF16 or AMX)")
     t.add_argument("--loss-vocab", dest="loss_vocab", type=int, default=None, metavar="N",
                    help="the loss's softmax over the N most frequent reply tokens plus each batch's teacher tokens "
-                        "(0: the whole draft vocab); ~5x cheaper for continuing a whole-vocab drafter on a CPU")
+                        "(0: the whole draft vocab); much cheaper for continuing a whole-vocab drafter on a CPU")
     t.add_argument("--lr", type=float, default=None)
     t.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=None)
     t.add_argument("--epochs", type=float, default=None)
