@@ -1,5 +1,5 @@
 """The benchmark harness on the tiny target: every method runs, summaries are consistent, the
-lossless check counts identical outputs, tables/charts/README regeneration work."""
+lossless check counts identical outputs, tables, charts and the docs' result blocks are drawn again."""
 
 from __future__ import annotations
 
