@@ -127,7 +127,7 @@ def cmd_train(args) -> int:
 
 
 def _command() -> str:
-    """The command line that produced a result, stored in it (the README cites it)."""
+    """The command line that produced a result, stored in it (the docs cite it)."""
     return "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
@@ -184,11 +184,11 @@ def cmd_bench(args) -> int:
     return BENCH_MODES[mode](args)
 
 
-def _bench_update_readme(args) -> int:
+def _bench_update_docs(args) -> int:
     from fasteagle import bench
 
-    bench.update_readme(_names(args.update_readme), args.readme)
-    print(f"updated {args.readme} from {args.update_readme}")
+    for path in bench.update_docs(_names(args.update_docs)):
+        print(f"updated {path.as_posix()}")
     return 0
 
 
@@ -373,9 +373,11 @@ def _say_what_was_kept(out: str | None, kept: int, done: int, total: int) -> Non
         print(f"interrupted: nothing kept (no --out given) after {done} of {total} prompts", file=sys.stderr)
 
 
+DOCS = ("README.md", "docs/results.md")  # the documents whose result tables `bench --update-docs` draws
+
 # `bench`'s modes, one function each: the first whose flag is given runs (`compare` when none is).
 BENCH_MODES = {
-    "update_readme": _bench_update_readme,
+    "update_docs": _bench_update_docs,
     "redraw": _bench_redraw,
     "draft_step": _bench_draft_step,
     "verify_cost": _bench_verify_cost,
@@ -486,10 +488,10 @@ def _train_parser(sub) -> None:
                    help="MLP channels per drafter layer (default 768)")
     t.add_argument("--mixed-precision", dest="mixed_precision", choices=["auto", "bf16", "no"], default=None,
                    help="the drafter's matmuls in bf16, its weights in fp32 (auto: bf16 on a GPU, fp32 on a CPU; "
-                        "bf16 is ~2x faster on a CPU with AVX512-BF16 or AMX)")
+                        "bf16 is faster on a CPU with AVX512-BF16 or AMX)")
     t.add_argument("--loss-vocab", dest="loss_vocab", type=int, default=None, metavar="N",
                    help="the loss's softmax over the N most frequent reply tokens plus each batch's teacher tokens "
-                        "(0: the whole draft vocab); ~5x cheaper for continuing a whole-vocab drafter on a CPU")
+                        "(0: the whole draft vocab); much cheaper for continuing a whole-vocab drafter on a CPU")
     t.add_argument("--lr", type=float, default=None)
     t.add_argument("--batch-tokens", dest="batch_tokens", type=int, default=None)
     t.add_argument("--epochs", type=float, default=None)
@@ -525,9 +527,9 @@ def _bench_parser(sub) -> None:
     b.add_argument("--budget-curve", dest="budget_curve", default=None, metavar="BUDGETS",
                    help="with --prompts and one trained drafter: tau (greedy) against these tree budgets, e.g. "
                         "6,24,60,128,192, per prompt category, replayed from one decode at the largest; no timing")
-    b.add_argument("--update-readme", dest="update_readme", default=None, metavar="FILES",
-                   help="regenerate the README results section from these result JSON files (comma list)")
-    b.add_argument("--readme", default="README.md")
+    b.add_argument("--update-docs", dest="update_docs", nargs="?", const=",".join(DOCS), default=None,
+                   metavar="DOCS", help="draw every result table of these documents (comma list; default "
+                   f"{','.join(DOCS)}) again from the result file each block names; nothing is timed")
     b.add_argument("--redraw", default=None, metavar="FILES",
                    help="write the .md table (and a method comparison's .html charts) of these result JSON files "
                         "again, with this version's tables and charts; nothing is timed")

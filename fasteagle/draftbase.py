@@ -274,9 +274,9 @@ class DrafterBase(nn.Module):
     def shrink_vocab(self, ids: torch.Tensor | None = None) -> DrafterBase:
         """Draft over `ids`, part of the current draft vocab, only (default: `compact_vocab`).
 
-        Why: on a CPU the head's product over SmolLM2's 49152 tokens costs ~3 ms a step, more than
-        the rare tokens it adds are worth at the CPU's small trees; restricting the softmax to a
-        subset keeps every subset token's ranking, so no weights change."""
+        Why: on a CPU the whole head's product costs more draft time than the rare tokens it adds
+        are worth at the CPU's small trees (docs/design.md, "A compact draft vocabulary"); restricting
+        the softmax to a subset keeps every subset token's ranking, so no weights change."""
         ids = self.compact_vocab if ids is None else ids
         if ids is None:
             raise FastEagleError("shrink_vocab: no token ids given and the drafter has no compact vocab")
@@ -457,10 +457,11 @@ class DrafterBase(nn.Module):
     def _loss_rows(self, teacher_ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The draft rows the loss's softmax covers, and a draft index -> row table (None, None: all).
 
-        Why: on a CPU a whole-vocabulary head is most of a training step (49152 rows against ~10k
-        that matter), so with `loss_vocab` set the softmax runs over those draft indices plus every
-        teacher token of the batch (a sampled softmax whose negatives are the frequent tokens). Rows
-        outside get no gradient: meant for continuing a drafter trained on the whole vocab."""
+        Why: on a CPU a whole-vocabulary head is most of a training step, and most of its rows are
+        tokens the replies rarely hold, so with `loss_vocab` set (the most frequent reply tokens'
+        draft indices) the softmax runs over those plus every teacher token of the batch (a sampled
+        softmax whose negatives are the frequent tokens). Rows outside get no gradient: meant for
+        continuing a drafter trained on the whole vocab."""
         if self.loss_vocab is None:
             return None, None
         in_vocab = self.to_draft_ids(teacher_ids.reshape(-1))

@@ -19,15 +19,13 @@ from fasteagle.errors import FastEagleError
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
 DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
 
-# Node budgets `python -m fasteagle bench --tree auto` picks for the shipped drafters on a 2-core CPU
-# (bench/results/cpu-smollm2-135m-chat30-2026-11-27b.json: on that AVX-512 CPU trees of up to 12 nodes cost
-# about one decode step, 64 cost 2.8x, so big trees lose to plain decoding; the stage-14 FastEagle drafter over
-# its 12288-token compact vocab is expected at 1.67x at 5 nodes, 1.68x at 6, 1.64x at 8, 1.52x at 12; joined
-# with lookup, 1.75x at 6).
+# Node budgets `python -m fasteagle bench --tree auto` picked for the shipped drafters on a 2-core CPU, where
+# a big tree's verify costs several decode steps, so small trees win (docs/design.md, "Small trees on a CPU,
+# big ones on a GPU", links the measurements).
 CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
-# On an H200 a one-token step is launch-bound, so a 128-node tree verifies for about 1.1 steps and `--tree
-# auto` picked 128 for both FastEagle methods (bench/results/gpu-h200-smollm2-135m-chat10-2026-11-26c.json);
-# the CPU-trained EAGLE-3-style drafter accepts so little that its curve is flat, so it keeps the paper's ~60.
+# On a GPU a one-token step is launch-bound, so a big tree verifies for little more than a step and `--tree
+# auto` picked 128 for both FastEagle methods; the CPU-trained EAGLE-3-style drafter accepts so little that
+# its curve is flat, so it keeps the paper's ~60.
 GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
 PAPER_BUDGET = 60  # the paper's tree size: a GPU's default for the others, and what `bench` verifies unless told
 MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
@@ -68,8 +66,8 @@ class Settings:
 
     def wants_full_vocab(self, device) -> bool:
         """`full_vocab`, else on a GPU only: there the bigger head costs next to nothing and the drafter
-        can draft every reply token (a 6144-token vocab lacks ~10%); on a CPU the whole head costs ~4 ms
-        a step (README, "The draft vocabulary"), so there a drafter drafts over its compact vocab (the
+        can draft every reply token; on a CPU the whole head costs more draft time than it brings
+        (docs/design.md, "A compact draft vocabulary"), so there a drafter drafts over its compact vocab (the
         one it was trained with, the one it grew from, or one `fasteagle.train.vocab` set) unless asked."""
         return device.type == "cuda" if self.full_vocab is None else bool(self.full_vocab)
 

@@ -1,10 +1,10 @@
 """Linear layers with a copy of their weight laid out for small-batch CPU inference.
 
 Why: speculative decoding multiplies every weight by a few rows at a time (a tree of 2-64 nodes,
-a drafter step of 1-8 positions). On x86 CPUs the default fp32 GEMM is poor at that shape: on this
-project's 2-core machine one 16-row product with the LM head took 2.4x as long as the same product
-with the weight reordered once into oneDNN's blocked layout (`python -m fasteagle bench --verify-cost`
-shows the whole-model effect). Reordering is what PyTorch's own compiler does when it freezes a CPU
+a drafter step of 1-8 positions). On x86 CPUs the default fp32 GEMM is poor at that shape, and the
+same product with the weight reordered once into oneDNN's blocked layout is much faster
+(`python -m fasteagle bench --verify-cost --compare-packing` measures the whole-model effect; see
+docs/design.md, "Prepacked linear layers"). Reordering is what PyTorch's own compiler does when it freezes a CPU
 model; here it is done once at load time, without compiling anything.
 
 Two kinds of copy:
@@ -13,9 +13,9 @@ Two kinds of copy:
 - `Int8Linear`: the weight as int8 with one scale per output row, multiplied with bf16 activations.
   Not the same numbers, so only drafters get it: a draft is a proposal the fp32 target checks, so
   an approximate drafter can cost acceptance but never correctness. It reads a quarter of the
-  bytes; in the decode loop the SmolLM2 cascade's draft step went from 7.1 to 5.4 ms on this CPU
-  (6-node trees), and tau on 30 chat prompts stayed 1.98. Memory: each drafter weight then lives
-  as fp32, prepacked fp32 and int8 (about 2.25x its fp32 size).
+  bytes, which makes a drafter's step cheaper at the same acceptance (docs/design.md, "Int8 drafter
+  weights"). Memory: each drafter weight then lives as fp32, prepacked fp32 and int8 (about 2.25x
+  its fp32 size).
 
 Both keep the original `weight` Parameter (tied weights, `state_dict`, and code that reads
 `lm_head.weight` see no change) and fall back to the plain product whenever the copy does not
@@ -148,9 +148,9 @@ class Int8Linear(WeightCopy):
 
     PyTorch's int8 kernel takes activations in bf16 (fp32 ones hit a slow path), computes 4 rows per
     pass over the weight, and reads rows 16 values at a time with aligned loads. So it pays for the
-    1-4 positions of a drafter step (on this project's CPU a layer's products took 0.24-0.32 ms
-    against 0.39-0.52 ms prepacked fp32) but not for a prompt (150 rows: 4.9 against 3.4 ms), and it
-    needs `in_features` to be a multiple of 16 (else it reads past the row, or crashes).
+    1-4 positions of a drafter step but not for a prompt, where it measured slower than prepacked fp32
+    (commit 7360d9f), and it needs `in_features` to be a multiple of 16 (else it reads past the row,
+    or crashes).
     """
 
     @staticmethod

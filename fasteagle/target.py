@@ -75,7 +75,7 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     """transformers' SDPA attention, but grouped KV heads go to torch as they are (`enable_gqa`) under a
     mask too. transformers repeats them whenever a mask is given, because CUDA's fast kernels take no
     mask with GQA; the CPU kernel takes both, so there the repeat is only a copy of every layer's whole
-    prefix per tree forward (1.5-6 ms of a SmolLM2 verify on 2 cores). Same numbers, bit for bit."""
+    prefix per tree forward (docs/design.md, "Attention without copies"). Same numbers, bit for bit."""
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)

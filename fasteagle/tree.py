@@ -161,12 +161,12 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
     below a side node are that depth's top-k again; a side branch worth more than a deep backbone
     node now continues instead of ending as a leaf. The top-1 spine still scores highest at every
     depth, so with nothing else worth its node this is `backbone`; at about 60 nodes it accepts
-    more (see the README's results).
+    more (docs/design.md, "The product tree by default").
 
     Found best first: a heap holds, for each kept node, its best child not yet taken and its next
     sibling, so each kept node costs two pushes. That is plain Python on a few dozen numbers,
-    because a tensor op per depth cost more than the search (0.34 ms for a 6-node tree on a 2-core
-    CPU, where a whole draft step is ~4 ms). Nodes come out depth by depth, the most probable first.
+    because a tensor op per depth cost more than the search (docs/design.md, "A lean draft step").
+    Nodes come out depth by depth, the most probable first.
     """
     dev = topk_ids.device
     n_depth, kmax = topk_ids.shape

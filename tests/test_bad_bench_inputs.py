@@ -17,8 +17,8 @@ from tests.test_bad_inputs import READ_ONLY, assert_one_line_error, bad_dir, run
 from tests.test_bench import interrupt_on_call
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULT = ROOT / "bench" / "results" / "cpu-draft-step-smollm2-135m-2026-11-25.json"
-COMPARED = ROOT / "bench" / "results" / "cpu-smollm2-135m-budget60-2026-11-25.json"  # a method comparison
+RESULT = ROOT / "bench" / "results" / "cpu-draft-step-smollm2-135m-2026-11-26.json"
+COMPARED = ROOT / "bench" / "results" / "cpu-smollm2-135m-budget60-2026-11-26e.json"  # a method comparison
 PROMPTS = [{"id": "a", "category": "chat", "text": "w7 w8 w9 w7 w8"},
            {"id": "b", "category": "chat", "text": "w10 w11 w12 w10"},
            {"id": "c", "category": "code", "text": "w20 w21 w20 w21"}]
@@ -33,6 +33,10 @@ def inputs(tmp_path_factory) -> Path:
     (d / "notext.jsonl").write_text(json.dumps(PROMPTS[0]) + "\n" + json.dumps({"id": "x", "category": "chat"}) + "\n")
     (d / "empty.jsonl").write_text("\n")
     (d / "nomarks.md").write_text("# a README without a results section\n")
+    (d / "stale.md").write_text("<!-- result: missing.json -->\n<!-- /result -->\n")
+    (d / "nocommand.json").write_text(json.dumps({k: v for k, v in json.loads(RESULT.read_text()).items()
+                                                  if k != "command"}))
+    (d / "nocommand.md").write_text("<!-- result: nocommand.json -->\n<!-- /result -->\n")
     (d / "taken" / "r.md").mkdir(parents=True)
     return d
 
@@ -49,9 +53,11 @@ ROWS = [
     (["bench", "--draft-step", "llama9"], "shape"),
     ([*COMPARE, "--budget-curve", "x"], "--budget-curve"),
     ([*COMPARE, "--budget-curve", "6,1"], "--budget-curve"),
-    (["bench", "--update-readme", str(RESULT), "--readme", "{tmp}/README.md"], "--readme"),
-    (["bench", "--update-readme", str(RESULT), "--readme", "{bad}/latin1.jsonl"], "latin1.jsonl"),
-    (["bench", "--update-readme", str(RESULT), "--readme", "{in}/nomarks.md"], "results:start"),
+    (["bench", "--update-docs", "{tmp}/README.md"], "README.md"),
+    (["bench", "--update-docs", "{bad}/latin1.jsonl"], "latin1.jsonl"),
+    (["bench", "--update-docs", "{in}/nomarks.md"], "<!-- result: FILE -->"),
+    (["bench", "--update-docs", "{in}/stale.md"], "missing.json"),
+    (["bench", "--update-docs", "{in}/nocommand.md"], "records no command"),
     (["bench", "--prompts", "{tmp}/missing.jsonl", "--methods", "vanilla"], "missing.jsonl"),
     (["bench", "--prompts", "{tmp}", "--methods", "vanilla"], "prompt file"),
     (["bench", "--prompts", "{bad}/latin1.jsonl", "--methods", "vanilla"], "latin1.jsonl"),
@@ -133,7 +139,7 @@ def test_result_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     out = tmp_path / "r.json"
     out.write_text(COMPARED.read_text())
     readme = tmp_path / "README.md"
-    readme.write_text(f"top\n{bench.README_START}\nold\n{bench.README_END}\n")
+    readme.write_text("top\n<!-- result: r.json -->\nold\n<!-- /result -->\n")
     before = {p.name: p.read_text() for p in tmp_path.iterdir()}
 
     def crash(src, dst):
@@ -142,7 +148,7 @@ def test_result_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "os", SimpleNamespace(**{**vars(os), "replace": crash}))
     doc = json.loads(COMPARED.read_text())
     for write in (lambda: cli._report(dict(doc), str(out), charts=True), lambda: bench.redraw(out),
-                  lambda: bench.charts(doc, tmp_path / "r.html"), lambda: bench.update_readme([out], readme)):
+                  lambda: bench.charts(doc, tmp_path / "r.html"), lambda: bench.update_docs([readme])):
         with pytest.raises(OSError, match="No space"):
             write()
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == before

@@ -1,5 +1,5 @@
 """The benchmark harness on the tiny target: every method runs, summaries are consistent, the
-lossless check counts identical outputs, tables/charts/README regeneration work."""
+lossless check counts identical outputs, tables, charts and the docs' result blocks are drawn again."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def test_summary_detects_a_different_output():
     assert s["other"]["accepted_length_histogram"] == [1, 1]
 
 
-def test_markdown_charts_and_readme(doc, tmp_path):
+def test_markdown_charts_and_docs(doc, tmp_path):
     table = bench.markdown_table(doc)
     assert "| lookup |" in table and "| hf-generate |" in table
     assert "--full-vocab" not in table
@@ -160,11 +160,15 @@ def test_markdown_charts_and_readme(doc, tmp_path):
     bench.redraw(out)  # the table and the charts again, from the JSON alone
     assert (tmp_path / "r.md").read_text() == table and (tmp_path / "r.html").exists()
     readme = tmp_path / "README.md"
-    readme.write_text(f"top\n{bench.README_START}\nold\n{bench.README_END}\nbottom\n")
-    bench.update_readme([out], readme)
+    readme.write_text("top\n<!-- result: r.json -->\nold\n<!-- /result -->\nmiddle\n"
+                      "<!-- result: r.json -->\n<!-- /result -->\nbottom\n")
+    assert bench.update_docs([readme]) == [readme]
     text = readme.read_text()
-    assert "old" not in text and "| lookup |" in text and text.startswith("top") and text.endswith("bottom\n")
-    assert "made by `python -m fasteagle bench --limit 1`" in text  # each table cites its command
+    assert "\nold\n" not in text and text.count("| lookup |") == 2 * table.count("| lookup |")
+    assert text.startswith("top") and text.endswith("bottom\n")
+    assert "middle" in text and text.count("<!-- result: r.json -->") == 2  # blocks stay where they were
+    assert "from [`r.json`](r.json), made by `python -m fasteagle bench --limit 1`" in text  # each cites its command
+    assert bench.render_docs([readme]) == {readme: text}  # drawn again, the same text
 
 
 def test_the_table_notes_sampling_and_shows_peak_memory_where_measured(doc):

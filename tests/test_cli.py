@@ -152,7 +152,7 @@ def test_generate_drafts_the_devices_tree_and_bench_the_papers(tiny, tmp_path, m
     (["generate", "--prompt", "hi", "--tree-budget", "1"], "--tree-budget"),
     (["bench", "--redraw", "no/such/result.json"], "cannot read the result file"),
     (["bench", "--redraw", "README.md"], "cannot read the result file"),
-    (["bench", "--update-readme", "no/such/result.json"], "cannot read the result file"),
+    (["bench", "--update-docs", "no/such/README.md"], "cannot read no/such/README.md"),
 ])
 def test_bad_settings_and_files_are_one_line_errors(argv, words, capsys):
     assert main(argv) == 2

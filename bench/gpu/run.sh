@@ -7,7 +7,7 @@
 # DRAFT_VOCAB=49152 bash bench/gpu/run.sh 560` on stage 10's carried replies; stage 12: stage 11's replies
 # plus a sampled set (the SAMPLED=1 step below, 2.5 min) as ADD_DATA, `bash bench/gpu/run.sh 575`; their
 # steps ran as separate device calls of one loan). Stage 14 (new sampled chat replies and the code prompts'
-# greedy and sampled replies, then training on those only) ran the README's "Train a drafter" commands instead,
+# greedy and sampled replies, then training on those only) ran the commands in docs/training.md instead,
 # and its chat bench used --tree-budget 128, the budget --tree auto had chosen on the H200 before. The
 # 2026-11-27 chat bench and profile were steps 4 and 5 alone, with LIMIT=30 and
 # METHODS=vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup (290 s and 40 s; the GGUF and the drafters
@@ -82,7 +82,7 @@ R=${RESERVE:-210}
 TRN=$($PY -c "print(round(max(0.5, $B - $(el) - $R) / 60, 2))")
 [ "${TRAIN:-1}" = 1 ] && echo "[t=$(el)] train $TRN min" && \
 TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout $(( B - $(el) - R + 45 )) $PY -m fasteagle train --out runs/gpu-drafter \
-  --config assets/drafters/smollm2-135m-fasteagle/train_stage11.json --data data/train_prompts.pt \
+  --config assets/drafters/smollm2-135m-fasteagle/configs/gpu.json --data data/train_prompts.pt \
   --holdout-data data/holdout_prompts.pt --distill --distill-max-new 256 --distill-batch 768 --features online \
   --init-from assets/drafters/smollm2-135m-fasteagle --intermediate "${INTER:-1536}" --lr 4e-4 --warmup 30 \
   --batch-tokens "${BATCH_TOKENS:-32768}" --epochs 100 --minutes "$TRN" --device cuda --dtype fp32 $EXTRA \

@@ -10,11 +10,11 @@ how many greedy outputs are token-identical to vanilla (not checked under sampli
 
 JSON schema (`compare` + `result_document`): {"device", "target", "date", "torch", "settings",
 "methods": {name: summary}, "per_category": {category: {name: summary}}, "rows": {name: [per prompt]},
-"command"} (+ "partial" for a run stopped early); README "Benchmarks" says what each field holds.
+"command"} (+ "partial" for a run stopped early); docs/results.md says what each field holds.
 
 One module per job: `prompts` (prompt files), `timing` (timing decodes, `compare`), `costs` (a
 verify forward and a draft step timed alone), `tune` (`--tree auto` and the budget curve),
-`reports` (summaries, the result document, Markdown tables, the README section) and `plots` (the
+`reports` (summaries, the result document, Markdown tables, the docs' result blocks) and `plots` (the
 Plotly charts, `--redraw`). The metrics on traces (tau, per-depth acceptance, the replay at
 smaller budgets) are `fasteagle.trace`'s.
 """
@@ -23,15 +23,15 @@ from fasteagle.bench.costs import SHAPES, draft_step_cost, verify_cost
 from fasteagle.bench.plots import charts, redraw
 from fasteagle.bench.prompts import load_prompts, tuning_prompts
 from fasteagle.bench.reports import (
-    README_END,
-    README_START,
     drafter_summary,
     markdown_table,
     per_prompt,
     read_result,
+    render_docs,
+    result_block,
     result_document,
     summarize,
-    update_readme,
+    update_docs,
 )
 from fasteagle.bench.timing import HF_METHODS, compare, cpu_model, device_name, time_one
 from fasteagle.bench.tune import (
@@ -46,9 +46,9 @@ from fasteagle.bench.tune import (
 )
 
 __all__ = [
-    "AUTO_BUDGETS", "GPU_AUTO_BUDGETS", "HF_METHODS", "README_END", "README_START", "SHAPES", "auto_tree",
+    "AUTO_BUDGETS", "GPU_AUTO_BUDGETS", "HF_METHODS", "SHAPES", "auto_tree",
     "budget_curve", "charts", "compare", "cpu_model", "device_name", "draft_step_cost", "drafter_summary",
     "load_prompts", "lookup_nodes", "markdown_table", "node_paths", "nondecreasing", "per_prompt", "read_result",
-    "redraw", "result_document", "summarize", "time_one", "token_paths", "tuning_prompts", "update_readme",
-    "verify_cost",
+    "redraw", "render_docs", "result_block", "result_document", "summarize", "time_one", "token_paths",
+    "tuning_prompts", "update_docs", "verify_cost",
 ]

@@ -1,10 +1,11 @@
 """What a measurement reports: the per-method summaries of per-prompt rows, the result document
-(the JSON `bench` writes), its Markdown table, and the README's results section drawn from those."""
+(the JSON `bench` writes), its Markdown table, and the documents' result blocks drawn from those."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -138,7 +139,7 @@ def result_document(target: Target, rows: dict, settings: dict) -> dict:
 
 
 def markdown_table(doc: dict) -> str:
-    """One Markdown table per result document (what the README shows): a method comparison, a
+    """One Markdown table per result document (what the docs show): a method comparison, a
     verify-cost sweep or a draft-step timing."""
     if "relative" in doc:
         return _verify_cost_table(doc)
@@ -263,7 +264,7 @@ def _linears(d: dict) -> str:
     return (", prepacked linears" if d["packed_linears"] else ", stock linears") + drafters
 
 
-README_START, README_END = "<!-- results:start -->", "<!-- results:end -->"
+RESULT_BLOCK = re.compile(r"<!-- result: (\S+) -->\n.*?<!-- /result -->", re.S)
 
 
 def read_result(path: str | Path) -> dict:
@@ -277,22 +278,39 @@ def read_result(path: str | Path) -> dict:
     return doc
 
 
-def update_readme(result_files: list[str | Path], readme: str | Path = "README.md") -> None:
-    """Regenerate the README's results section from committed result files (never typed by hand).
-    The README is read first, so a wrong --readme is named before the results are read."""
-    try:
-        text = Path(readme).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise FastEagleError(f"cannot read --readme {readme}: {exc.strerror or exc} (run from the repository root "
-                             "or give --readme PATH)") from None
-    except UnicodeDecodeError as exc:
-        raise FastEagleError(f"--readme {readme} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if README_START not in text or README_END not in text:
-        raise FastEagleError(f"--readme {readme} has no {README_START} ... {README_END} section")
-    docs = [read_result(f) for f in sorted(result_files)]
-    body = "\n".join(f"{markdown_table(d)}\n<sub>from `{Path(f).as_posix()}`"
-                     + (f", made by `{d['command']}`" if d.get("command") else "") + "</sub>\n"
-                     for d, f in zip(docs, sorted(result_files)))
-    pre, rest = text.split(README_START, 1)
-    post = rest.split(README_END, 1)[1]
-    write_text(readme, f"{pre}{README_START}\n{body}{README_END}{post}")
+def result_block(document: str | Path, rel: str) -> str:
+    """One generated block of a document: the table of the result file at `rel` (a path relative to the
+    document, as a Markdown link is) and the command that made it, which the result stores."""
+    path = Path(document).parent / rel
+    doc = read_result(path)
+    if not doc.get("command"):
+        raise FastEagleError(f"{path} records no command: a table cites the command that made it")
+    return (f"<!-- result: {rel} -->\n{markdown_table(doc)}\n<sub>from [`{Path(rel).name}`]({rel}), "
+            f"made by `{doc['command']}`</sub>\n<!-- /result -->")
+
+
+def render_docs(documents: list[str | Path]) -> dict[Path, str]:
+    """Each document's text with every `<!-- result: FILE -->` ... `<!-- /result -->` block drawn again
+    from its result file (tables are never typed by hand); nothing is written."""
+    out = {}
+    for document in documents:
+        try:
+            text = Path(document).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise FastEagleError(f"cannot read {document}: {exc.strerror or exc} (run from the repository root "
+                                 "or name the documents: --update-docs README.md,docs/results.md)") from None
+        except UnicodeDecodeError as exc:
+            raise FastEagleError(f"{document} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        if not RESULT_BLOCK.search(text):
+            raise FastEagleError(f"{document} has no <!-- result: FILE --> ... <!-- /result --> block")
+        out[Path(document)] = RESULT_BLOCK.sub(lambda m, d=document: result_block(d, m.group(1)), text)
+    return out
+
+
+def update_docs(documents: list[str | Path]) -> list[Path]:
+    """Regenerate every result block of these documents from the result files they name. Every document
+    and result is read before the first is written, so a bad one leaves every document as it was."""
+    texts = render_docs(documents)
+    for path, text in texts.items():
+        write_text(path, text)
+    return list(texts)

@@ -103,8 +103,8 @@ def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 1
 def device_name(dev: torch.device) -> str:
     """The device as results name it: CPU timings differ by model and vector ISA (AVX2 vs AVX-512
     changes what a tree forward costs against one decode step), so both are recorded. A GPU's name
-    comes with its host's CPU: a small target is bound by how fast that CPU launches kernels (two
-    H200 loans ran the same decode step in 23.4 and 16.6 ms), so speedups move with it."""
+    comes with its host's CPU: a small target is bound by how fast that CPU launches kernels, so
+    speedups move with it (docs/results.md, "How we measure")."""
     if dev.type == "cuda":
         host = cpu_model()
         return torch.cuda.get_device_name(dev) + (f" (host {host})" if host else "")

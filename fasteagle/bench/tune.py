@@ -142,9 +142,9 @@ def token_paths(tree: dict) -> set[tuple[int, ...]]:
 
 def nondecreasing(ms: dict) -> dict:
     """Timed verify costs (size -> ms) made non-decreasing in size by pooling adjacent violators
-    (isotonic regression). A bigger tree never costs less; where a CPU's flat region (1-6 nodes
-    cost one decode step here) meets run-to-run noise, raw medians said it did by 2-8 ms, and
-    the budget choice swung between 4 and 6 nodes from run to run."""
+    (isotonic regression). A bigger tree never costs less; where a CPU's flat region (the smallest
+    trees cost one decode step) meets run-to-run noise, raw medians said it did, and the budget
+    choice swung from run to run."""
     sizes = sorted(ms, key=int)
     blocks: list[list] = []  # [mean, count] of pooled runs of sizes
     for k in sizes:
