@@ -509,7 +509,8 @@ def _bench_parser(sub) -> None:
     b.add_argument("--prompts", default=None, help="JSON-lines prompt file(s), comma separated")
     b.add_argument("--methods", default="vanilla,hf-generate,hf-prompt-lookup,lookup,fasteagle",
                    help="comma list of: hf-generate, hf-prompt-lookup, " + ", ".join(METHODS))
-    b.add_argument("--limit", type=int, default=None, help="prompts per file")
+    b.add_argument("--limit", type=int, default=None,
+                   help="prompts per file (per category, in a file of several categories)")
     b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")
     b.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
                    help="auto: measure this device and give each trained drafter its best tree budget (tokens/s)")

@@ -28,7 +28,17 @@ def test_load_prompts_accepts_turns_prompt_and_text(tmp_path):
     rows = bench.load_prompts(f)
     assert [r["text"] for r in rows] == ["first", "p", "t"]
     assert rows[0]["category"] == "x" and rows[1]["category"] == "p" and rows[2]["id"] == "9"
-    assert len(bench.load_prompts(f, limit=2)) == 2
+    assert [r["text"] for r in bench.load_prompts(f, limit=1)] == ["first", "p"]  # the first of each category
+
+
+def test_limit_takes_the_first_prompts_of_each_category(tmp_path):
+    f = tmp_path / "tasks.jsonl"
+    f.write_text("".join(json.dumps({"id": f"{c}{i}", "category": c, "turns": [f"{c} {i}"]}) + "\n"
+                         for c in ("chat", "math", "rag") for i in range(4)))
+    rows = bench.load_prompts(f, limit=2)
+    assert [r["id"] for r in rows] == ["chat0", "chat1", "math0", "math1", "rag0", "rag1"]
+    spare = bench.tuning_prompts([str(f)], limit=2, n=3)
+    assert not {r["id"] for r in spare} & {r["id"] for r in rows}  # --tree auto tunes on prompts not measured
 
 
 @pytest.mark.parametrize("content,fragment", [

@@ -10,7 +10,8 @@ from fasteagle.errors import FastEagleError
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     """JSON lines with `turns` (first turn used), `prompt` or `text`; optional `category`. A line
-    without a prompt is an error that names it, as is a file without any."""
+    without a prompt is an error that names it, as is a file without any. `limit` keeps the first
+    that many of each category (a file of one category: its first that many)."""
     if limit is not None and limit < 1:
         raise FastEagleError(f"--limit must be at least 1 (got {limit})")
     try:
@@ -39,13 +40,19 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
                      "text": text})
     if not rows:
         raise FastEagleError(f"{path} holds no prompts")
-    return rows[:limit] if limit else rows
+    if not limit:
+        return rows
+    taken: dict[str, int] = {}
+    for r in rows:
+        taken[r["category"]] = taken.get(r["category"], 0) + 1
+        r["keep"] = taken[r["category"]] <= limit
+    return [{k: v for k, v in r.items() if k != "keep"} for r in rows if r["keep"]]
 
 
 def tuning_prompts(files: list[str], limit: int | None, n: int = 3) -> list[dict]:
     """Prompts for `--tree auto` to tune on: `n` from past each file's `--limit`, taken in turn from
     the files, so the budget is not picked on the prompts it is then measured on; the first `n`
     measured ones where the files hold no more."""
-    spare = [load_prompts(f)[limit:] if limit else [] for f in files]
+    spare = [[p for p in load_prompts(f) if p not in load_prompts(f, limit)] if limit else [] for f in files]
     picked = [p for group in zip(*spare) for p in group] if all(spare) else [p for g in spare for p in g]
     return picked[:n] if len(picked) >= n else [p for f in files for p in load_prompts(f, limit)][:n]
