@@ -44,7 +44,7 @@ SNAPSHOT_FILES = ("model.safetensors", "config.json", "README.md", "history.json
 
 @dataclass
 class Recipe:
-    prompts: dict  # source -> how many prompts: chat, code, or a category of fasteagle.train.tasks
+    prompts: dict  # source -> how many prompts: chat, code, or a category of fasteagle.train.tasks (long too)
     budgets: list[int]  # optimizer steps at which every drafter is saved and measured
     drafters: dict  # name -> its own TrainConfig settings (drafter, num_layers, ...), and "budgets" where
     # they differ from the recipe's (an ablation measured at one budget)
@@ -65,7 +65,7 @@ class Recipe:
 
 def load(path: str | Path) -> Recipe:
     """A recipe file, every field and every drafter's settings checked before anything runs."""
-    from fasteagle.train.tasks import CATEGORIES
+    from fasteagle.train.tasks import CATEGORIES, TRAIN_ONLY
     from fasteagle.train.trainer import TrainConfig
 
     path = Path(path)
@@ -73,10 +73,10 @@ def load(path: str | Path) -> Recipe:
         raise FastEagleError(f"no recipe file at {path}")
     recipe = from_json(Recipe, json.loads(path.read_text(encoding="utf-8")), f"recipe {path}")
     recipe.out = recipe.out or str(Path("runs") / path.stem)
-    unknown = sorted(set(recipe.prompts) - set(SOURCES) - set(CATEGORIES))
+    unknown = sorted(set(recipe.prompts) - set(SOURCES + CATEGORIES + TRAIN_ONLY))
     if unknown:
         raise FastEagleError(f"recipe {path}: unknown prompt source {unknown[0]!r} (known: "
-                             f"{', '.join(SOURCES + CATEGORIES)})")
+                             f"{', '.join(SOURCES + CATEGORIES + TRAIN_ONLY)})")
     if len(recipe.pair) != 2 or not set(recipe.pair) <= set(recipe.drafters):
         raise FastEagleError(f"recipe {path}: pair must name two of its drafters, not {recipe.pair}")
     if not recipe.budgets or min(recipe.budgets) < 1:
@@ -119,9 +119,9 @@ def build_prompts(recipe: Recipe, target, path: Path) -> None:
     if path.exists():
         return
     tok, limit, parts = target.tokenizer, recipe.max_prompt_tokens, []
-    categories = {c: n for c, n in recipe.prompts.items() if c in tasks.CATEGORIES}
+    categories = {c: n for c, n in recipe.prompts.items() if c in tasks.CATEGORIES + tasks.TRAIN_ONLY}
     if categories:
-        found = tasks.category_prompts(max(categories.values()), "train")
+        found = tasks.category_prompts(max(categories.values()), "train", categories=tuple(categories))
         records = [{"id": p["id"], "prompt": p["turns"][0]} for c, n in categories.items()
                    for p in [q for q in found if q["category"] == c][:n]]
         parts.append(data_mod.build_text_prompt_dataset(tok, records, limit))

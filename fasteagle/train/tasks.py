@@ -7,7 +7,9 @@ summary), so most are built from the conversations' own text, in the forms users
 - summarization: a long assistant reply as the document to summarize;
 - retrieval QA: an assistant reply as the document, and the question the user asked next about it;
 - question answering: a short stand-alone question that opened a chat;
-- math: GSM8K-style word problems from templates, numbers drawn by a seeded generator.
+- math: GSM8K-style word problems from templates, numbers drawn by a seeded generator;
+- long (training only): a chat's answers joined into one long document (1500-4000 tokens) to
+  summarize or to proofread, the reply restating much of its input.
 Evaluation prompts come from holdout conversations (and one seed of the templates), training prompts
 from train conversations (another seed), so the two share no text.
 """
@@ -30,13 +32,17 @@ from fasteagle.train.data import (
     iter_conversations,
 )
 
-CATEGORIES = ("translation", "summarization", "qa", "math", "rag")
+CATEGORIES = ("translation", "summarization", "qa", "math", "rag")  # the evaluation set's, besides chat
+TRAIN_ONLY = ("long",)
 LANGUAGES = ("French", "Spanish", "German")
 EVAL_SEED, TRAIN_SEED = 0, 1  # the math templates' number draws
 
 TRANSLATE = "Translate the following text into {lang}:\n\n{text}"
 SUMMARIZE = "Summarize the following text in a few sentences:\n\n{text}"
 RAG = ("Answer the question using only the document below.\n\nDocument:\n{doc}\n\nQuestion: {question}")
+LONG = ("Summarize the following document in a few paragraphs:\n\n{text}",
+        "Correct any spelling and grammar mistakes in the following text and return the whole corrected "
+        "text:\n\n{text}")
 
 # (template, number ranges) with the answer a formula of the numbers: checkable, GSM8K-like
 MATH = [
@@ -91,7 +97,7 @@ def conversation_prompts(split: Split, path: str | Path | None = None) -> dict[s
     and category, so that no chat dominates), in a deterministic order. ShareGPT repeats chats under
     other ids, so a holdout prompt whose source text (a question or a reply) also occurs in a train
     conversation is left out."""
-    found: dict[str, list[tuple[str, dict]]] = {c: [] for c in CATEGORIES if c != "math"}
+    found: dict[str, list[tuple[str, dict]]] = {c: [] for c in CATEGORIES + TRAIN_ONLY if c != "math"}
     seen_in_train: set[str] = set()
     for conv in iter_conversations(path):
         if split == "holdout" and in_split(conv.id, "train"):
@@ -122,6 +128,10 @@ def _from_conversation(conv: Conversation) -> Iterator[tuple[str, str, str]]:
         if 800 <= len(text) <= 6000 and _prose(text) and "?" in nxt and 15 <= len(nxt) <= 300 and _prose(nxt):
             yield "rag", RAG.format(doc=text.strip(), question=nxt.strip()), text
             break
+    long_doc = "\n\n".join(text.strip() for _, text in replies if _prose(text))
+    if 6000 <= len(long_doc) <= 16000:
+        task = LONG[int(hashlib.sha256(conv.id.encode()).hexdigest(), 16) % len(LONG)]
+        yield "long", task.format(text=long_doc), long_doc
 
 
 def math_prompts(n: int, seed: int) -> list[dict]:
@@ -135,11 +145,12 @@ def math_prompts(n: int, seed: int) -> list[dict]:
     return out
 
 
-def category_prompts(n: int, split: Split = "holdout", path: str | Path | None = None) -> list[dict]:
-    """Up to `n` prompts of each category from `split` (evaluation: the holdout; training: train)."""
+def category_prompts(n: int, split: Split = "holdout", path: str | Path | None = None,
+                     categories: tuple[str, ...] = CATEGORIES) -> list[dict]:
+    """Up to `n` prompts of each of `categories` from `split` (evaluation: the holdout; training: train)."""
     found = conversation_prompts(split, path)
     math = math_prompts(n, EVAL_SEED if split == "holdout" else TRAIN_SEED)
-    return [p for c in CATEGORIES for p in (math if c == "math" else found[c][:n])]
+    return [p for c in categories for p in (math if c == "math" else found[c][:n])]
 
 
 def write_eval_file(out: str | Path = "assets/prompts/tasks_holdout.jsonl", n: int = 24,

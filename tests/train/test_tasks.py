@@ -89,3 +89,19 @@ def test_the_bundled_evaluation_set_has_twenty_of_each_kind():
 def test_the_bundled_evaluation_set_regenerates_byte_for_byte(tmp_path):
     out = tasks.write_eval_file(tmp_path / "tasks.jsonl")
     assert out.read_bytes() == (ROOT / "assets/prompts/tasks_holdout.jsonl").read_bytes()
+
+
+def test_long_documents_are_training_prompts_only(tmp_path):
+    """A chat whose answers join into a long document gives a "long" prompt (summarize or proofread it
+    whole); the evaluation set's categories leave it out."""
+    (t1,) = ids(False, 1)
+    answers = [(f"Part {i}. " + DOC) for i in range(4)]  # ~1800 characters each
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([chat(t1, "Tell me about storage.", answers[0], "More?", answers[1], "More?",
+                                     answers[2], "And?", answers[3])]))
+    (long,) = tasks.conversation_prompts("train", path)["long"]
+    assert long["category"] == "long" and all(a in long["turns"][0] for a in answers)
+    assert long["turns"][0].startswith(("Summarize the following document", "Correct any spelling"))
+    assert 6000 <= len(long["turns"][0]) <= 16200
+    assert not [p for p in tasks.category_prompts(5, "train", path) if p["category"] == "long"]
+    assert [p["id"] for p in tasks.category_prompts(5, "train", path, categories=("long",))] == [long["id"]]
