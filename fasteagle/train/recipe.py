@@ -9,7 +9,10 @@ goes on from its last checkpoint):
 
 1. prompts  the recipe's prompt sources, tokenized once (OUT/prompts.pt);
 2. data     the target answers them, and its features go into fp16 shards in the same pass
-            (OUT/data/features): the one teacher pass that every drafter trains on;
+            (OUT/data/features); beside them, with `written`, ShareGPT conversations as written,
+            which cost the target one forward each instead of a generation (OUT/written/features):
+            the one teacher pass that every drafter trains on. Each done once (its done.json), so a
+            time cap on the generation holds for the whole run;
 3. tune     for each drafter of the pair, each candidate learning rate for a few steps; the lowest
             late training loss wins (OUT/tune.json): the one setting that may differ between the two,
             written down. Another drafter (an ablation) takes the lr tuned for the pair's drafter of
@@ -53,6 +56,7 @@ class Recipe:
     max_prompt_tokens: int = 2048  # longer prompts are left out
     tune: dict = field(default_factory=dict)  # {"lr": [...], "steps": n}: tried for the pair's drafters
     eval: dict = field(default_factory=dict)  # bench settings: prompts, limit, max_new_tokens, paper_budget
+    written: int = 0  # ShareGPT train conversations as written, besides the self-distilled replies
     out: str = ""  # where it all goes (default: runs/<the recipe file's name>)
 
     def budgets_of(self, name: str) -> list[int]:
@@ -141,16 +145,38 @@ def config(recipe: Recipe, name: str | None, root: Path, **more):
     from fasteagle.train.trainer import TrainConfig
 
     shared = {"data": str(root / "prompts.pt"), "features": "cache", "feature_dir": str(root / "data" / "features"),
-              "distill": True, "eval_initial": False, "schedule": "constant"}
+              "distill": True, "eval_initial": False, "schedule": "constant",
+              "extra_features": [str(root / "written" / "features")] if recipe.written else []}
     settings = recipe.train if name is None else recipe.settings(name)
     return TrainConfig(**(shared | settings | more)).check()
 
 
 def distill(recipe: Recipe, target, out: Path) -> None:
-    """Self-distillation into the shared feature shards (shards already written are kept)."""
+    """Self-distillation into the shared feature shards, then the conversations as written; each once
+    (its done.json), so that a time cap on the generation holds for the whole run."""
     from fasteagle.train.trainer import train
 
-    train(config(recipe, None, out, out=str(out / "data"), distill_only=True), target=target, command=_command())
+    if not (out / "data" / "done.json").exists():
+        train(config(recipe, None, out, out=str(out / "data"), distill_only=True, extra_features=[]),
+              target=target, command=_command())
+        write_text(out / "data" / "done.json", json.dumps(shard_summary(out / "data" / "features")))
+    if recipe.written and not (out / "written" / "done.json").exists():
+        train(config(recipe, None, out, out=str(out / "written"), distill_only=True, distill=False, data=None,
+                     limit=recipe.written, feature_dir=str(out / "written" / "features"), extra_features=[]),
+              target=target, command=_command())
+        write_text(out / "written" / "done.json", json.dumps(shard_summary(out / "written" / "features")))
+
+
+def shard_summary(folder: Path) -> dict:
+    """The shards, sequences and reply tokens in a folder of feature shards."""
+    import torch
+
+    summary = {"shards": 0, "sequences": 0, "reply_tokens": 0}
+    for path in sorted(folder.glob("shard-*.pt")):
+        mask = torch.load(path, weights_only=True)["loss_mask"]
+        summary = {"shards": summary["shards"] + 1, "sequences": summary["sequences"] + mask.shape[0],
+                   "reply_tokens": summary["reply_tokens"] + int(mask.sum())}
+    return summary
 
 
 def tune(recipe: Recipe, target, out: Path) -> None:

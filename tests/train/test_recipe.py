@@ -27,7 +27,7 @@ def write_recipe(tmp_path, tiny_dir, **over) -> tuple:  # noqa: F811
     evals = tmp_path / "eval.jsonl"
     evals.write_text("".join(json.dumps({"id": f"e{i}", "turns": [p]}) + "\n" for i, p in enumerate(prompts[:2])))
     recipe = {
-        "prompts": {"chat": 12}, "out": str(out),
+        "prompts": {"chat": 12}, "out": str(out), "written": 3,
         "train": {"target": str(tiny_dir), "device": "cpu", "distill_max_new": 24, "distill_batch": 4,
                   "distill_sample_every": 0, "topk": 8, "micro_batch": 2, "warmup": 2, "epochs": 1000,
                   "checkpoint_every": 100, "intermediate": 64, "keep_prompt": 16},
@@ -42,10 +42,24 @@ def write_recipe(tmp_path, tiny_dir, **over) -> tuple:  # noqa: F811
     return path, out
 
 
-def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_path, tiny_dir, capsys):  # noqa: F811
+def as_written(tokenizer, split, max_len, limit, **_) -> dict:
+    """Stands in for ShareGPT's conversations as written (the tiny tokenizer cannot render them)."""
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(4, TINY_VOCAB, (30,), generator=g).tolist() for _ in range(limit)]
+    return {"input_ids": seqs, "loss_mask": [[0] * 10 + [1] * 20 for _ in seqs], "prompt_ids": [s[:10] for s in seqs],
+            "ids": [f"w{i}" for i in range(limit)]}
+
+
+def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_path, tiny_dir, capsys,  # noqa: F811
+                                                                          monkeypatch):
+    from fasteagle.train import data as data_mod
+
+    monkeypatch.setattr(data_mod, "build_token_dataset", as_written)
     path, out = write_recipe(tmp_path, tiny_dir)
     assert recipe_mod.main([str(path), "--report", str(tmp_path / "report.json")]) == 0
     assert sorted(p.name for p in (out / "data" / "features").glob("shard-*.pt"))  # one teacher pass
+    assert json.loads((out / "data" / "done.json").read_text())["reply_tokens"] > 0
+    assert json.loads((out / "written" / "done.json").read_text())["sequences"] == 3  # ShareGPT as written, beside
     # the same shards in the same order: step n has seen the same tokens whichever drafter trains
     hist = {n: json.loads((out / n / "at-20" / "history.json").read_text()) for n in ("cascade", "eagle")}
     assert [h["tokens"] for h in hist["cascade"]] == [h["tokens"] for h in hist["eagle"]] != []
@@ -57,6 +71,8 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     for name in ("cascade", "eagle"):
         info = json.loads((out / name / "at-20" / "config.json").read_text())["training"]
         assert info["steps"] == 20 and info["lr"] == tuned[name]["lr"]
+        folders = {str(out / "data" / "features"), str(out / "written" / "features")}
+        assert set(info["tokens_per_feature_dir"]) == folders
         assert json.loads((out / name / "at-10" / "config.json").read_text())["training"]["steps"] == 10
     doc = json.loads((tmp_path / "report.json").read_text())
     points = doc["equal_training"]
