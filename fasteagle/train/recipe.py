@@ -19,7 +19,7 @@ goes on from its last checkpoint):
             its kind, so that it differs from it in its own settings only;
 4. train    each drafter from scratch on the same shards in the same order (same seed, same
             micro-batches, so step n has seen the same tokens for every drafter), saved at every
-            budget (OUT/<drafter>/at-<steps>);
+            budget (OUT/<drafter>/at-<steps>), the smallest budget of every drafter first;
 5. eval     at each budget `fasteagle bench` on the saved drafters: the compared pair side by side
             at each one's `--tree auto` budget and at the paper's ~60-node tree, each other drafter
             (a depth ablation) beside vanilla (OUT/eval/*.json, each storing its own command);
@@ -105,10 +105,11 @@ def run(recipe: Recipe, stages: tuple[str, ...] = STAGES, report_to: str | None 
         distill(recipe, target, out)
     if "tune" in stages:
         tune(recipe, target, out)
-    if "train" in stages:
-        for name in recipe.drafters:
-            for steps in recipe.budgets_of(name):
-                train_to(recipe, target, out, name, steps)
+    if "train" in stages:  # budget by budget, so that each pair is complete (and can be measured) early
+        for steps in sorted({b for name in recipe.drafters for b in recipe.budgets_of(name)}):
+            for name in recipe.drafters:
+                if steps in recipe.budgets_of(name):
+                    train_to(recipe, target, out, name, steps)
     if "eval" in stages:
         evaluate(recipe, out)
     if "report" in stages:
