@@ -948,9 +948,10 @@ def main() -> None:
 
 
 def launch(demo: gr.Blocks, **kwargs):
-    """demo.launch with the app's theme and CSS (Gradio 6 takes them at launch); never share=True."""
+    """demo.launch with the app's theme, CSS and page script (Gradio 6 takes them at launch: the script
+    keeps the tree's labels from overlapping); never share=True."""
     kwargs.setdefault("show_error", False)
-    return demo.launch(theme=theme(), css=CSS, **kwargs)
+    return demo.launch(theme=theme(), css=CSS, js=viz.TREE_JS, **kwargs)
 
 
 def theme() -> gr.themes.Base:

@@ -508,3 +508,36 @@ def test_the_race_strip_counts_target_forwards_both_ways():
     assert "width:50.0%" in out and "width:100.0%" in out
     alone = re.sub(r"<[^>]+>", "", viz.race_html(spec, None, 0.1))
     assert "2 target forwards for 5 tokens" in alone and "no vanilla" in alone
+
+
+# -- presentation mode and narrow screens -----------------------------------------------------------
+def test_titles_wrap_to_fit_a_phone():
+    from viz.tree import LARGE, TITLE_CHARS, wrap
+
+    assert wrap(["ab", "cd", "efgh"], 7) == "ab · cd<br>efgh"
+    assert wrap(["a-very-long-part", "x"], 5) == "a-very-long-part<br>x"
+    step = backbone_step()
+    for style in (viz.NORMAL, LARGE):
+        fig = tree_figure(step, decode, style=style)
+        lines = fig.layout.title.text.split("<br>")
+        assert all(len(line) <= style.title_chars for line in lines), lines
+        head = ["step 3: 7 drafted, 2 accepted + 1 bonus"] if style == viz.NORMAL else \
+            ["step 3: 7 drafted", "2 accepted + 1 bonus"]  # large text: a line break for the comma
+        assert lines == [*head, "draft 4 ms · verify 20 ms"]
+    for fig in (charts.acceptance_histogram(_run_traces()), charts.depth_acceptance_chart(_run_traces()),
+                charts.time_split_chart({"a": trace.run_summary(_run_traces())})):
+        assert all(len(line) <= TITLE_CHARS for line in fig.layout.title.text.split("<br>")), fig.layout.title.text
+
+
+def test_the_large_style_has_bigger_text_and_keeps_labels_apart():
+    from viz.tree import LARGE
+
+    step = backbone_step()
+    small, big = tree_figure(step, decode), tree_figure(step, decode, style=LARGE)
+    for fig, style in ((small, viz.NORMAL), (big, LARGE)):
+        assert row_spacing_px(fig) >= style.label_height_px + style.marker_px
+        assert fig.layout.height == viz.tree_height(step, style)
+        assert fig.layout.meta["plot_px"] == fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    label = [_node_traces(f)[VERDICTS[ACCEPTED]].textfont.size for f in (small, big)]
+    assert label[1] > label[0] and big.layout.legend.font.size > small.layout.legend.font.size
+    assert big.layout.title.font.size > small.layout.title.font.size

@@ -16,10 +16,23 @@ from viz.tokens import (
     visible,
 )
 from viz.trace_io import TraceFileError, make_run_file, parse_run_file
-from viz.tree import ACCEPTED_PATH, VERDICT_COLORS, VERDICTS, empty_figure, tree_figure, tree_height, tree_layout
+from viz.tree import (
+    ACCEPTED_PATH,
+    LARGE,
+    NORMAL,
+    TREE_JS,
+    VERDICT_COLORS,
+    VERDICTS,
+    TreeStyle,
+    empty_figure,
+    tree_figure,
+    tree_height,
+    tree_layout,
+)
 
 __all__ = [
-    "ACCEPTED_PATH", "BONUS", "Span", "SpanBuilder", "TraceFileError", "VERDICTS", "VERDICT_COLORS",
+    "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "Span", "SpanBuilder", "TREE_JS", "TraceFileError", "TreeStyle",
+    "VERDICTS", "VERDICT_COLORS",
     "acceptance_histogram", "color_map", "depth_acceptance_chart", "depth_category", "empty_figure", "highlighted",
     "landing_step", "make_run_file", "parse_run_file", "race_html", "spans_html", "time_split_chart", "token_label",
     "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",

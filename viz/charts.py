@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from fasteagle.trace import ACCEPTED, accepted_lengths, depth_acceptance, histogram
-from viz.tree import VERDICT_COLORS
+from viz.tree import TITLE_CHARS, VERDICT_COLORS, wrap
 
 CHART_HEIGHT = 280
 _MARGIN = {"l": 50, "r": 20, "t": 50, "b": 50}
@@ -19,6 +19,8 @@ Traces = Sequence[Mapping]
 
 
 def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
+    """A chart's common look; its title wrapped at words to fit a phone's width."""
+    title = wrap(title.split(" "), TITLE_CHARS, " ")
     fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 14}}, height=CHART_HEIGHT, margin=_MARGIN,
                       xaxis_title=xtitle, yaxis_title=ytitle, plot_bgcolor="white", paper_bgcolor="white",
                       bargap=0.15)

@@ -212,46 +212,84 @@ def test_an_error_keeps_the_last_run_on_screen(app_url, page):
     assert not failed, failed
 
 
+# The tree on screen: the svg, title, toolbar and plot area, the labels drawn (not hidden as overlapping)
+# and how many were hidden, the charts' titles, and the rows' planned and actual height.
+TREE_BOXES = """() => {
+    const root = document.querySelector('#tree-plot .js-plotly-plot');
+    const r = (el) => { const b = el.getBoundingClientRect();
+                        return {l: b.left, t: b.top, r: b.right, b: b.bottom, w: b.width, h: b.height}; };
+    const bar = root.querySelector('.modebar');
+    return {plot: r(root.querySelector('.main-svg')), title: r(root.querySelector('.gtitle')),
+            bar: bar ? r(bar) : null, area: r(root.querySelector('.nsewdrag')),
+            step: root.layout.title.text,
+            labels: Array.from(root.querySelectorAll('.scatterlayer .trace')).flatMap(g => {
+                const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
+                return Array.from(g.querySelectorAll('.textpoint text'))
+                            .filter(t => t.textContent && getComputedStyle(t).visibility !== 'hidden')
+                            .map(t => Object.assign(r(t), {clip, text: t.textContent})); }),
+            hidden: root.querySelectorAll('.textpoint text[data-fe-hidden]').length,
+            charts: ['hist-plot', 'depth-plot', 'time-plot'].map(id => {
+                const p = document.querySelector('#' + id + ' .js-plotly-plot');
+                return {id, plot: r(p.querySelector('.main-svg')), title: r(p.querySelector('.gtitle'))}; }),
+            rows: root.layout.meta.plot_px, area_h: root._fullLayout._size.h}; }"""
+
+
+def _check_tree_boxes(boxes: dict) -> None:
+    """Labels inside the plot and apart, titles inside their plots, rows as tall as planned."""
+    plot, title = boxes["plot"], boxes["title"]
+    assert boxes["labels"], boxes["step"]
+    for b in boxes["labels"]:  # a trace clipped to its axes cuts what lies outside them
+        box = boxes["area"] if b["clip"] else plot
+        assert box["l"] - 1 <= b["l"] and b["r"] <= box["r"] + 1 and box["t"] - 1 <= b["t"] and \
+            b["b"] <= box["b"] + 1, (b, box)
+    # no two labels drawn over each other (one that would overlap is hidden; hovering shows its token)
+    labels = boxes["labels"]
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            assert a["r"] <= b["l"] + 0.5 or b["r"] <= a["l"] + 0.5 or a["b"] <= b["t"] + 0.5 or \
+                b["b"] <= a["t"] + 0.5, (boxes["step"], a, b)
+    # every title fits its plot's width, and the legend's extra rows did not squeeze the tree's rows
+    for chart in [{"id": "tree-plot", "plot": plot, "title": title}, *boxes["charts"]]:
+        assert chart["plot"]["l"] - 1 <= chart["title"]["l"] and chart["title"]["r"] <= chart["plot"]["r"] + 1, chart
+    assert boxes["area_h"] >= boxes["rows"] - 1, boxes
+
+
 def test_the_tree_fits_a_narrow_screen(app_url, page):
-    """At 390 px wide (a phone) the tree's labels lie inside the plot and the Plotly toolbar does not
-    cover the title."""
+    """At 390 px wide (a phone) the tree's labels lie inside the plot without overlapping at every
+    step (a long lookup chain crowds them: some are hidden), the titles fit their plots, and the
+    Plotly toolbar does not cover the tree's title."""
     url, _ = app_url
     context = page.context.browser.new_context(viewport={"width": 390, "height": 844})  # the same browser
     try:
         pg = context.new_page()
         pg.set_default_timeout(120_000)
-        run_lookup(pg, url, 12)
+        run_lookup(pg, url, MAX_NEW)
         plot = pg.locator("#tree-plot .js-plotly-plot")
         plot.scroll_into_view_if_needed()
         plot.hover()  # the toolbar shows on hover
         pg.wait_for_timeout(800)
-        boxes = pg.evaluate("""() => {
-            const root = document.querySelector('#tree-plot .js-plotly-plot');
-            const r = (el) => { const b = el.getBoundingClientRect();
-                                return {l: b.left, t: b.top, r: b.right, b: b.bottom, w: b.width, h: b.height}; };
-            const bar = root.querySelector('.modebar');
-            return {plot: r(root.querySelector('.main-svg')),
-                    title: r(root.querySelector('.gtitle')),
-                    bar: bar ? r(bar) : null,
-                    area: r(root.querySelector('.nsewdrag')),
-                    labels: Array.from(root.querySelectorAll('.scatterlayer .trace')).flatMap(g => {
-                        const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
-                        return Array.from(g.querySelectorAll('.textpoint text')).filter(t => t.textContent)
-                                    .map(t => Object.assign(r(t), {clip})); })}; }""")
+        first = pg.evaluate(TREE_BOXES)
         pg.locator("#race").scroll_into_view_if_needed()
         pg.mouse.move(0, 0)  # the toolbar away, for the README's phone view
         pg.screenshot(path=str(PHONE_SCREENSHOT))
+        every = [first]
+        _set_step(pg, 1)
+        last = int(pg.locator("#step-slider input[type=range]").get_attribute("max") or 0)
+        for step in range(1, last + 1):
+            if step > 1:
+                pg.locator("#step-next").click()
+            pg.wait_for_function(f"() => {TREE_TITLE}.startsWith('step {step}:')")
+            pg.wait_for_timeout(300)  # Plotly's afterplot hides the labels that would overlap
+            every.append(pg.evaluate(TREE_BOXES))
     finally:
         context.close()
-    plot, title, bar = boxes["plot"], boxes["title"], boxes["bar"]
-    assert boxes["labels"]
-    for b in boxes["labels"]:  # a trace clipped to its axes cuts what lies outside them
-        box = boxes["area"] if b["clip"] else plot
-        assert box["l"] - 1 <= b["l"] and b["r"] <= box["r"] + 1 and box["t"] - 1 <= b["t"] and \
-            b["b"] <= box["b"] + 1, (b, box)
+    bar, title = first["bar"], first["title"]
     if bar and bar["w"] > 0 and bar["h"] > 0:
         apart = bar["b"] <= title["t"] or title["b"] <= bar["t"] or bar["r"] <= title["l"] or title["r"] <= bar["l"]
         assert apart, (bar, title)
+    for boxes in every:
+        _check_tree_boxes(boxes)
+    assert any(b["hidden"] for b in every), [b["step"] for b in every]  # a crowded step was decluttered
 
 
 def test_an_example_sets_the_prompt_and_the_temperature(app_url, page):
