@@ -510,6 +510,49 @@ def test_the_race_strip_counts_target_forwards_both_ways():
     assert "2 target forwards for 5 tokens" in alone and "no vanilla" in alone
 
 
+# -- playback at measured speeds --------------------------------------------------------------------
+def _sides() -> dict:
+    """A speculative run of _run_traces (steps end at 0.03, 0.05, 0.06 s) and a vanilla one of 5 tokens."""
+    spec = _run_traces()
+    van = [{"step": i, "tokens": [7 + i], "token_depths": [0], "draft_ms": 0.0, "verify_ms": 10.0,
+            "generated": i + 1, "forwards": i} for i in range(5)]
+    return {"speculative": {"traces": spec, "elapsed": [0.03, 0.05, 0.06],
+                            "spans": tokens.spans_to_json(viz.token_spans(spec, decode))},
+            "vanilla": {"traces": van, "elapsed": [0.01, 0.02, 0.035, 0.05, 0.07],
+                        "spans": tokens.spans_to_json(viz.token_spans(van, decode))}}
+
+
+def _play_tokens(html: str) -> list[list[tuple[int, int, str]]]:
+    """Per pane, its tokens as (reveal ms, depth, text)."""
+    panes = html.split('<div class="fe-play-side"')[1:]
+    pat = r'<span class="fe-ptok" data-t="(\d+)" data-n="\d+" data-depth="(\d+)"[^>]*>(.*?)</span>'
+    return [[(int(t), int(d), x) for t, d, x in re.findall(pat, p, re.S)] for p in panes]
+
+
+def test_playback_shows_each_token_when_its_step_ended():
+    sides = _sides()
+    html = viz.playback_html(sides, "FastEagle")
+    spec, van = _play_tokens(html)
+    # the speculative reply comes in bursts: every token of a step at the end of that step
+    assert spec == [(30, 0, "The"), (50, 1, " cat"), (50, 2, " sat"), (50, 0, " the"), (60, 0, " dog")]
+    # vanilla's, token by token at its own measured times
+    assert [t for t, _, _ in van] == [10, 20, 35, 50, 70] and {d for _, d, _ in van} == {0}
+    assert "".join(x for *_, x in van) == "".join(s["text"] for s in sides["vanilla"]["spans"])
+    assert 'data-total="70"' in html and "FastEagle" in html and "fe-play-replay" in html
+    assert html.count('<div class="fe-play-side"') == 2 and 'data-end="60"' in html and 'data-end="70"' in html
+
+
+def test_playback_without_measured_times_uses_the_step_timings():
+    sides = _sides()
+    del sides["vanilla"]
+    sides["speculative"]["elapsed"] = [0.5]  # not one per step: not this run's
+    (spec,) = _play_tokens(viz.playback_html(sides))
+    # the steps' own draft + verify times, summed: 31 ms, then 24 more, then 12 more
+    assert sorted({t for t, _, _ in spec}) == [31, 55, 67]
+    empty = viz.playback_html({})
+    assert "fe-play-empty" in empty and "data-total" not in empty
+
+
 # -- presentation mode and narrow screens -----------------------------------------------------------
 def test_titles_wrap_to_fit_a_phone():
     from viz.tree import LARGE, TITLE_CHARS, wrap

@@ -2,6 +2,7 @@
 numbers the pictures show are `fasteagle.trace`'s."""
 
 from viz.charts import acceptance_histogram, depth_acceptance_chart, time_split_chart
+from viz.playback import PLAYBACK_JS, playback_html
 from viz.race import landing_step, race_html
 from viz.tokens import (
     BONUS,
@@ -31,9 +32,9 @@ from viz.tree import (
 )
 
 __all__ = [
-    "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "Span", "SpanBuilder", "TREE_JS", "TraceFileError", "TreeStyle",
-    "VERDICTS", "VERDICT_COLORS",
-    "acceptance_histogram", "color_map", "depth_acceptance_chart", "depth_category", "empty_figure", "highlighted",
-    "landing_step", "make_run_file", "parse_run_file", "race_html", "spans_html", "time_split_chart", "token_label",
+    "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "PLAYBACK_JS", "Span", "SpanBuilder", "TREE_JS",
+    "TraceFileError", "TreeStyle", "VERDICTS", "VERDICT_COLORS", "acceptance_histogram", "color_map",
+    "depth_acceptance_chart", "depth_category", "empty_figure", "highlighted", "landing_step", "make_run_file",
+    "parse_run_file", "playback_html", "race_html", "spans_html", "time_split_chart", "token_label",
     "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
 ]
