@@ -584,3 +584,37 @@ def test_the_large_style_has_bigger_text_and_keeps_labels_apart():
     label = [_node_traces(f)[VERDICTS[ACCEPTED]].textfont.size for f in (small, big)]
     assert label[1] > label[0] and big.layout.legend.font.size > small.layout.legend.font.size
     assert big.layout.title.font.size > small.layout.title.font.size
+
+
+def test_presentation_colours_are_distinct_and_readable():
+    def rgb(c):
+        return [int(c[i:i + 2], 16) for i in (1, 3, 5)]
+
+    def closest(colors):
+        return min(sum((a - b) ** 2 for a, b in zip(rgb(x), rgb(y))) ** 0.5
+                   for i, x in enumerate(colors) for y in colors[i + 1:])
+
+    present = tokens.PRESENT_COLORS
+    assert closest(present) > 2 * closest([tokens.BONUS_COLOR, *tokens.DEPTH_COLORS])  # hues, not shades
+    assert all(tokens.contrast(c, tokens.readable_text(c)) >= 4.5 for c in present)  # WCAG AA text
+    css = viz.present_css()
+    for depth, color in enumerate(present):
+        assert f'.fe-tok[data-depth="{depth}"]' in css and f"background:{color}" in css
+    assert 'data-depth="3" style' in tokens.legend_html()  # legend chips carry their depth too
+
+
+def test_the_glyph_note_names_every_whitespace_glyph():
+    note = viz.glyph_note()
+    for glyph in ("␣", "↵", "⇥", "∅", "…"):
+        assert glyph in note
+    assert viz.token_label(" \n\t") == "␣↵⇥" and viz.token_label("") == "∅"  # what the note explains
+
+
+def test_per_depth_acceptance_of_several_methods():
+    other = [_run_traces()[0], backbone_step() | {"generated": 4, "forwards": 1}]
+    fig = charts.depth_acceptance_lines({"A": _run_traces(), "B": other})
+    assert [t.name for t in fig.data] == ["A", "B"]
+    for t, traces in zip(fig.data, (_run_traces(), other)):
+        rows = trace.depth_acceptance(traces)
+        assert list(t.x) == [r["depth"] for r in rows] and list(t.y) == [r["rate"] for r in rows]
+    assert fig.data[0].line.color != fig.data[1].line.color

@@ -1,7 +1,7 @@
 """Pure trace -> picture functions for the FastEagle app (no model, no Gradio, no torch); the
 numbers the pictures show are `fasteagle.trace`'s."""
 
-from viz.charts import acceptance_histogram, depth_acceptance_chart, time_split_chart
+from viz.charts import acceptance_histogram, depth_acceptance_chart, depth_acceptance_lines, time_split_chart
 from viz.playback import PLAYBACK_JS, playback_html
 from viz.race import landing_step, race_html
 from viz.tokens import (
@@ -10,7 +10,9 @@ from viz.tokens import (
     SpanBuilder,
     color_map,
     depth_category,
+    glyph_note,
     highlighted,
+    present_css,
     spans_html,
     token_label,
     token_spans,
@@ -34,7 +36,7 @@ from viz.tree import (
 __all__ = [
     "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "PLAYBACK_JS", "Span", "SpanBuilder", "TREE_JS",
     "TraceFileError", "TreeStyle", "VERDICTS", "VERDICT_COLORS", "acceptance_histogram", "color_map",
-    "depth_acceptance_chart", "depth_category", "empty_figure", "highlighted", "landing_step", "make_run_file",
-    "parse_run_file", "playback_html", "race_html", "spans_html", "time_split_chart", "token_label",
-    "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
+    "depth_acceptance_chart", "depth_acceptance_lines", "depth_category", "empty_figure", "glyph_note", "highlighted",
+    "landing_step", "make_run_file", "parse_run_file", "playback_html", "present_css", "race_html", "spans_html",
+    "time_split_chart", "token_label", "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
 ]
