@@ -15,6 +15,7 @@ CHART_HEIGHT = 280
 _MARGIN = {"l": 50, "r": 20, "t": 50, "b": 50}
 TIME_COLORS = {"prefill": "#9467bd", "draft": "#ff7f0e", "verify": "#1f77b4", "other": "#c7c7c7"}
 METHOD_COLORS = ["#2e9d49", "#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b"]  # one line per method
+METHOD_DASHES = ["solid", "dash", "dot", "dashdot"]
 
 Traces = Sequence[Mapping]
 
@@ -80,7 +81,8 @@ def depth_acceptance_lines(runs: Mapping[str, Traces]) -> go.Figure:
         rows = [r for r in depth_acceptance(traces) if r["rate"] is not None]
         fig.add_trace(go.Scatter(
             x=[r["depth"] for r in rows], y=[r["rate"] for r in rows], mode="lines+markers", name=name,
-            line={"color": METHOD_COLORS[k % len(METHOD_COLORS)], "width": 2},
+            line={"color": METHOD_COLORS[k % len(METHOD_COLORS)], "width": 2,
+                  "dash": METHOD_DASHES[k % len(METHOD_DASHES)]},  # lines that coincide stay apart
             customdata=[[r["accepted"], r["reached"]] for r in rows],
             hovertemplate=f"{name}, depth %{{x}}: accepted in %{{customdata[0]}} of %{{customdata[1]}} steps"
                           "<extra></extra>"))
