@@ -294,8 +294,10 @@ def test_the_tree_fits_a_narrow_screen(app_url, page):
         plot.hover()  # the toolbar shows on hover
         pg.wait_for_timeout(800)
         first = pg.evaluate(TREE_BOXES)
-        pg.locator("#race").scroll_into_view_if_needed()
-        pg.mouse.move(0, 0)  # the toolbar away, for the README's phone view
+        # the README's phone view: the tree and its controls, the toolbar away (the mouse off the plot)
+        pg.evaluate("() => document.querySelector('#tree-plot').scrollIntoView({block: 'start'})")
+        pg.mouse.move(5, pg.viewport_size["height"] - 5)
+        pg.wait_for_timeout(500)
         pg.screenshot(path=str(PHONE_SCREENSHOT))
         every = [first]
         _set_step(pg, 1)
