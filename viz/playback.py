@@ -107,7 +107,7 @@ const play = () => {
     root.dataset.playing = ms < total ? 'true' : 'false';
     if (ms < total) raf = requestAnimationFrame(frame);
   };
-  raf = requestAnimationFrame(frame);
+  frame(performance.now());  // the first frame now: from here on the root says it is playing
 };
 element.addEventListener('click', (e) => { if (e.target.closest('.fe-play-replay')) play(); });
 element.addEventListener('change', (e) => {
