@@ -35,7 +35,15 @@ from fasteagle import files, trace  # noqa: E402
 from fasteagle.env import env  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
 from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa: E402
-from fasteagle.methods import DEFAULT_DRAFTER, DEFAULT_EAGLE3, MAX_BUDGET, Settings, build, default_budget  # noqa: E402
+from fasteagle.methods import (  # noqa: E402
+    DEFAULT_DRAFTER,
+    DEFAULT_EAGLE3,
+    MAX_BUDGET,
+    PAPER_BUDGET,
+    Settings,
+    build,
+    default_budget,
+)
 from fasteagle.target import Target, load_target  # noqa: E402
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES  # noqa: E402
 from fasteagle.verify import SamplingParams  # noqa: E402
@@ -96,7 +104,72 @@ CSS = """
 .fe-race-name { width:150px; flex:none; text-align:right; font-size:90%; }
 .fe-race-bar { height:14px; border-radius:3px; flex:none; max-width:calc(100% - 220px); }
 .fe-race-note { font-size:85%; opacity:.8; margin-top:4px; }
+#spec-reply .fe-tok { cursor:pointer; }
+#spec-reply .fe-tok.fe-sel { outline:2px solid #1f4e9c; outline-offset:1px; }
+.fe-play-bar { display:flex; flex-wrap:wrap; align-items:center; gap:8px; margin-bottom:6px; font-size:90%; }
+.fe-play-bar button { padding:2px 10px; border:1px solid #b9c6d8; border-radius:6px; background:#eef2f8; }
+.fe-play-note { opacity:.75; font-size:90%; }
+.fe-play-bar select { padding:2px 6px; width:auto; min-width:11em; border:1px solid #b9c6d8; border-radius:6px; }
+.fe-play-panes { display:grid; grid-template-columns:1fr 1fr; gap:10px; }
+.fe-play-side { border:1px solid #dde3ea; border-radius:6px; padding:6px 8px; min-width:0; }
+.fe-play-head { font-size:90%; margin-bottom:4px; font-variant-numeric:tabular-nums; }
+.fe-play-text { white-space:pre-wrap; line-height:1.6; font-size:0.92em; max-height:12em; overflow-y:auto; }
+.fe-play-empty { opacity:.7; font-size:90%; }
+body.fe-present { overflow-anchor:none; }
+body.fe-present .fe-reply, body.fe-present .fe-play-text { font-size:1.25em !important; }
+body.fe-present .fe-chip { font-size:1.05em !important; }
+body.fe-present #step-info, body.fe-present .fe-race, body.fe-present #glyphs, body.fe-present #tree-side {
+  font-size:1.2em; }
+""" + viz.present_css()
+
+
+# The short explainer beside the tree in presentation mode: how to read it, in the tree's colours.
+def _dot(color: str) -> str:
+    return f'<span style="color:{color}">●</span>'
+
+
+SHORT_EXPLAINER = f"""
+**Reading the tree.** The root (depth 0) is the last token the target chose. The drafter guessed
+the tokens to its right; the target checked them all in **one** forward pass.
+
+- {_dot(viz.VERDICT_COLORS[trace.ACCEPTED])} **accepted**: the target would have written it there
+- {_dot(viz.VERDICT_COLORS[trace.REJECTED])} **rejected**: it would not, so nothing below it counts
+- {_dot(viz.VERDICT_COLORS[trace.NEVER_REACHED])} **never reached**: below a rejected node, or after an
+  accepted sibling
+- <span style="color:{viz.tree.BONUS_COLOR}">★</span> **bonus**: the target's own next token, free with
+  the same forward
+
+Each step emits the accepted tokens plus the bonus: **τ** = tokens per target forward (vanilla: 1).
 """
+
+# js_on_load of the speculative reply: a click on a token asks for its step (the `token` event), and
+# the tokens of the step on the replay slider are outlined again whenever the reply is redrawn.
+REPLY_JS = """
+const mark = () => {
+  const box = document.querySelector('#step-slider input[type=number]');
+  const step = box ? box.value : '';
+  element.querySelectorAll('.fe-tok').forEach((t) => t.classList.toggle('fe-sel', t.dataset.step === step));
+};
+element.addEventListener('click', (e) => {
+  const t = e.target.closest('.fe-tok');
+  if (t) trigger('token', {step: Number(t.dataset.step)});
+});
+watch('value', mark);
+"""
+# the replay slider moved: outline that step's tokens in the speculative reply
+MARK_STEP_JS = """(step) => {
+  document.querySelectorAll('#spec-reply .fe-tok').forEach(
+    (t) => t.classList.toggle('fe-sel', Number(t.dataset.step) === Number(step)));
+}"""
+# presentation mode on or off: the page's class, which the CSS's larger type and colours hang on
+PRESENT_JS = "(on) => { document.body.classList.toggle('fe-present', Boolean(on)); }"
+# Run in presentation mode: the race strip and the tree come into view while the run starts
+SCROLL_JS = """() => {
+  if (document.body.classList.contains('fe-present'))
+    document.querySelector('#race')?.scrollIntoView({behavior: 'smooth', block: 'start'});
+}"""
+# All methods: their progress line and table come into view (they sit below the run's charts)
+COMPARE_JS = "() => { document.querySelector('#compare-box')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }"
 
 
 # -- setup ------------------------------------------------------------------------------------------
@@ -430,6 +503,34 @@ def summary_markdown(method: str, spec: dict, van: dict | None) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
+def compare_settings(req: Request, n: int) -> str:
+    """The line above the comparison: what every decode in it shared."""
+    k = ",".join(map(str, req.tree_k)) or "each drafter's own"
+    how = "greedy" if req.temperature <= 0 else f"sampling at temperature {req.temperature:g}, seed {req.seed}"
+    return (f"{n} decodes of the prompt, {how}, at most {req.max_new_tokens} new tokens, node budget "
+            f"{req.tree_budget}, top-k {k}, tree shape {req.tree_shape}.")
+
+
+def compare_markdown(runs: dict[str, tuple[list[dict], float]], greedy: bool) -> str:
+    """One table of the decodes of one prompt ({name: (traces, decode seconds)}, vanilla among them):
+    target forwards, τ and tokens/s from `trace.run_summary`, and whether each reply is vanilla's."""
+    van_traces, van_s = runs["vanilla"]
+    van = trace.run_summary(van_traces, van_s)
+    van_toks = [t for tr in van_traces for t in tr["tokens"]]
+    lines = ["| method | target forwards | τ | tokens/s | × vanilla | identical to vanilla |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, (traces, secs) in runs.items():
+        s = trace.run_summary(traces, secs)
+        toks = [t for tr in traces for t in tr["tokens"]]
+        first = next((i for i, (a, b) in enumerate(zip(toks, van_toks)) if a != b), min(len(toks), len(van_toks)))
+        same = ("–" if name == "vanilla" else "✔ yes" if toks == van_toks
+                else f"✘ no, from token {first}" + ("" if greedy else " (sampling: expected)"))
+        speed = s["tokens_per_s"] / van["tokens_per_s"] if van["tokens_per_s"] > 0 else 0.0
+        lines.append(f"| {name} | {s['forwards']} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {speed:.2f}× | "
+                     f"{same} |")
+    return "\n".join(lines)
+
+
 def _code(text: str) -> str:
     """`text` as a Markdown code span, also when it holds backticks (a fence longer than any run of them)."""
     longest = max((len(run) for run in re.findall("`+", text)), default=0)
@@ -454,6 +555,8 @@ class UI:
 
     prompt: gr.Textbox
     method: gr.Radio
+    tree_size: gr.Radio  # fast (this device's default budget) or the paper's tree; sets the budget
+    tree_size_note: gr.Markdown
     temperature: gr.Slider
     max_new: gr.Slider
     tree_k: gr.Textbox
@@ -461,12 +564,14 @@ class UI:
     tree_shape: gr.Radio
     seed: gr.Number
     run_btn: gr.Button
+    compare_btn: gr.Button
     spec_stats: gr.Markdown
     spec_reply: gr.HTML
     van_stats: gr.Markdown
     van_reply: gr.HTML
     badge: gr.HTML
     race: gr.HTML  # set from run_state (not an API output): a finished run's forwards, both ways
+    playback: gr.HTML  # set from run_state: both replies played at their measured speeds (in the browser)
     tree_plot: gr.Plot
     step_slider: gr.Slider
     prev_btn: gr.Button
@@ -474,18 +579,34 @@ class UI:
     play_btn: gr.Button
     play_timer: gr.Timer  # ticks only while playing
     step_info: gr.Markdown
+    tree_side: gr.Column  # the short explainer beside the tree, shown in presentation mode
     summary: gr.Markdown
     hist_plot: gr.Plot
     depth_plot: gr.Plot
     time_plot: gr.Plot
     download: gr.DownloadButton
     upload: gr.UploadButton
+    compare_box: gr.Accordion  # "All methods on this prompt", opened by its button
+    compare_status: gr.Markdown
+    compare_table: gr.Markdown
+    compare_plot: gr.Plot
+    present: gr.Checkbox  # presentation mode
+    present_state: gr.State  # the same, for handlers (a State is no API parameter)
     run_state: gr.State  # the run on screen (its record, as `viz.make_run_file` makes it), or None
 
     @property
     def run_inputs(self) -> list:
         return [self.prompt, self.method, self.temperature, self.max_new, self.tree_k, self.budget, self.seed,
-                self.tree_shape, self.run_state]
+                self.tree_shape, self.run_state, self.present_state]
+
+    @property
+    def compare_inputs(self) -> list:
+        """The run's settings but the method: the comparison runs every method."""
+        return [self.prompt, self.temperature, self.max_new, self.tree_k, self.budget, self.seed, self.tree_shape]
+
+    @property
+    def compare_outputs(self) -> list:
+        return [self.compare_status, self.compare_table, self.compare_plot, self.compare_box]
 
     @property
     def outputs(self) -> list:
@@ -496,16 +617,19 @@ class UI:
 
 
 def layout(engine: Engine) -> UI:
-    """Every component, in page order (inside a gr.Blocks): the title, a warning when FastEagle has
-    no drafter, the settings beside the replies and the tree, the run's charts, the trace file
-    buttons and the explainer."""
+    """Every component, in page order (inside a gr.Blocks): the title and presentation mode, a warning
+    when FastEagle has no drafter, the settings beside the replies and the tree, the run's charts, the
+    comparison of all methods, the trace file buttons and the explainer."""
     target = engine.target
-    gr.Markdown("# FastEagle: speculative decoding, step by step\n"
-                f"Target **{target.name}** · " + device_text(target))
+    with gr.Row(equal_height=True):
+        gr.Markdown("# FastEagle: speculative decoding, step by step\n"
+                    f"Target **{target.name}** · " + device_text(target))
+        present = gr.Checkbox(False, label="Presentation mode", elem_id="present", scale=0, min_width=200,
+                              info="large type, projector colours, the explainer beside the tree")
     missing = [m for m in engine.methods if not m.available and m.key == "fasteagle"]
     if missing:
         gr.Markdown(f"⚠️ **FastEagle is not available:** {missing[0].note}", elem_id="drafter-warning")
-    run_state = gr.State(None)
+    run_state, present_state = gr.State(None), gr.State(False)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             settings = _settings(engine)
@@ -519,27 +643,48 @@ def layout(engine: Engine) -> UI:
                              elem_id="depth-plot")
         time_plot = gr.Plot(value=viz.empty_figure("draft vs verify time", 280), show_label=False,
                             elem_id="time-plot")
+    compare = _compare_view()
     with gr.Row():
         download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
         upload = gr.UploadButton("Replay a trace file…", file_types=[".json"], type="filepath", elem_id="upload")
     with gr.Accordion("How it works (for students)", open=False):
         gr.Markdown(EXPLAINER)
-    return UI(**settings, **shown, summary=summary, hist_plot=hist_plot, depth_plot=depth_plot,
-              time_plot=time_plot, download=download, upload=upload, run_state=run_state)
+    return UI(**settings, **shown, **compare, summary=summary, hist_plot=hist_plot, depth_plot=depth_plot,
+              time_plot=time_plot, download=download, upload=upload, present=present, present_state=present_state,
+              run_state=run_state)
+
+
+def _compare_view() -> dict[str, Any]:
+    """"All methods on this prompt": a progress line, then one table and one per-depth chart."""
+    with gr.Accordion("All methods on this prompt", open=False, elem_id="compare-box") as box:
+        status = gr.Markdown("**Run all methods** (beside Run) decodes the prompt with vanilla decoding and every "
+                             "method here, with the same settings.", elem_id="compare-status")
+        table = gr.Markdown("", elem_id="compare-table")
+        plot = gr.Plot(value=viz.empty_figure("acceptance per depth, each method", 280), show_label=False,
+                       elem_id="compare-plot")
+    return {"compare_box": box, "compare_status": status, "compare_table": table, "compare_plot": plot}
 
 
 def _settings(engine: Engine) -> dict[str, Any]:
-    """The left column: the prompt and every setting of a run, and the Run button."""
+    """The left column: the prompt with Run (and All methods) right under it, the examples, then
+    every setting of a run."""
     on_gpu = engine.target.device.type == "cuda"
     methods = [m.label for m in engine.available]
     prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
                         placeholder="Ask something, or pick an example below")
+    with gr.Row():
+        run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=2, min_width=100)
+        compare_btn = gr.Button("Run all methods", elem_id="compare", scale=2, min_width=100)
     # created before the examples that set it, drawn below the method (its place on the page)
     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)", render=False,
                             elem_id="temperature")
     gr.Examples(examples=[[e.prompt, e.temperature] for e in EXAMPLES], inputs=[prompt, temperature],
-                example_labels=[e.label for e in EXAMPLES], label="Examples", examples_per_page=8)
+                example_labels=[e.label for e in EXAMPLES], label="Examples", examples_per_page=8, elem_id="examples")
     method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method")
+    tree_size = gr.Radio([("fast tree (this device's default)", "fast"),
+                          (f"paper-size tree ({PAPER_BUDGET} nodes)", "paper")], value="fast",
+                         label="Tree size (FastEagle / EAGLE-3)", elem_id="tree-size")
+    tree_size_note = gr.Markdown("", elem_id="tree-size-note")
     temperature.render()
     max_new = gr.Slider(1, MAX_NEW_TOKENS, value=64 if not on_gpu else 128, step=1,
                         label="Max new tokens", elem_id="max-new")
@@ -558,17 +703,19 @@ def _settings(engine: Engine) -> dict[str, Any]:
                               info="both keep the most probable nodes; the paper's lets nothing grow "
                                    "below a runner-up")
     seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
-    run_btn = gr.Button("Run", variant="primary", elem_id="run")
-    return {"prompt": prompt, "method": method, "temperature": temperature, "max_new": max_new, "tree_k": tree_k,
-            "budget": budget, "tree_shape": tree_shape, "seed": seed, "run_btn": run_btn}
+    return {"prompt": prompt, "method": method, "tree_size": tree_size, "tree_size_note": tree_size_note,
+            "temperature": temperature, "max_new": max_new, "tree_k": tree_k, "budget": budget,
+            "tree_shape": tree_shape, "seed": seed, "run_btn": run_btn, "compare_btn": compare_btn}
 
 
 def _run_view() -> dict[str, Any]:
-    """The right column: both replies with their stats, the badge, the tree and its step slider."""
+    """The right column: both replies with their stats, the badge, the race strip, the replies played
+    at their measured speeds, then the tree with its step controls (the short explainer beside it in
+    presentation mode)."""
     with gr.Row(equal_height=False):
         with gr.Column():
             spec_stats = gr.Markdown("**speculative** · not run yet", elem_id="spec-stats", elem_classes="stats")
-            spec_reply = gr.HTML(viz.spans_html([], empty="the reply appears here"),
+            spec_reply = gr.HTML(viz.spans_html([], empty="the reply appears here"), js_on_load=REPLY_JS,
                                  elem_id="spec-reply", container=True, padding=True)
         with gr.Column():
             van_stats = gr.Markdown("**vanilla** · not run yet", elem_id="vanilla-stats", elem_classes="stats")
@@ -576,6 +723,19 @@ def _run_view() -> dict[str, Any]:
                                 elem_id="vanilla-reply", container=True, padding=True)
     badge = gr.HTML('<div class="badge info">run a prompt to compare the outputs</div>', elem_id="identical-badge")
     race = gr.HTML("", elem_id="race")
+    playback = gr.HTML(viz.playback_html({}), js_on_load=viz.PLAYBACK_JS, elem_id="playback")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=300):
+            steps = _step_view()
+        with gr.Column(scale=1, min_width=220, visible=False, elem_id="tree-side") as tree_side:
+            gr.Markdown(SHORT_EXPLAINER)
+    return {"spec_stats": spec_stats, "spec_reply": spec_reply, "van_stats": van_stats, "van_reply": van_reply,
+            "badge": badge, "race": race, "playback": playback, "tree_side": tree_side, **steps}
+
+
+def _step_view() -> dict[str, Any]:
+    """The tree, its step slider with previous / play / next, what the step emitted, and what the
+    glyphs in its labels mean."""
     tree_plot = gr.Plot(value=viz.empty_figure(), show_label=False, elem_id="tree-plot")
     # The static maximum bounds what the server accepts; each run narrows the visible range.
     with gr.Row(equal_height=True):
@@ -586,9 +746,10 @@ def _run_view() -> dict[str, Any]:
         next_btn = gr.Button("next ▶", size="sm", elem_id="step-next", scale=1, min_width=70)
     play_timer = gr.Timer(PLAY_S, active=False)
     step_info = gr.Markdown("", elem_id="step-info")
-    return {"spec_stats": spec_stats, "spec_reply": spec_reply, "van_stats": van_stats, "van_reply": van_reply,
-            "badge": badge, "race": race, "tree_plot": tree_plot, "step_slider": step_slider, "prev_btn": prev_btn,
-            "next_btn": next_btn, "play_btn": play_btn, "play_timer": play_timer, "step_info": step_info}
+    gr.Markdown(viz.glyph_note() + " Click a token of the speculative reply to see the step that made it.",
+                elem_id="glyphs")
+    return {"tree_plot": tree_plot, "step_slider": step_slider, "prev_btn": prev_btn, "next_btn": next_btn,
+            "play_btn": play_btn, "play_timer": play_timer, "step_info": step_info}
 
 
 # -- the UI: handlers -------------------------------------------------------------------------------
@@ -606,8 +767,9 @@ class Handlers:
     # /run: decode the prompt both ways, streaming each side's steps; a user error is a warning with
     # the screen unchanged, a failure mid-decode a warning over the previous run.
     def on_run(self, prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed,
-               shape=DEFAULT_TREE_SHAPE, previous=None):
+               shape=DEFAULT_TREE_SHAPE, previous=None, present=False):
         engine, ui = self.engine, self.ui
+        style = _style(present)
         try:
             req = engine.request(prompt, method, temperature, max_new_tokens, tree_k, tree_budget, seed, shape)
             ids = engine.prompt_ids(req)
@@ -637,9 +799,9 @@ class Handlers:
             builders = {"speculative": viz.SpanBuilder(engine.decode_text),
                         "vanilla": viz.SpanBuilder(engine.decode_text)}
             record = {"speculative": {"traces": [], "elapsed": []}, "vanilla": {"traces": [], "elapsed": []}}
-            yield from self._stream(events, builders, record, req.method.label)
+            yield from self._stream(events, builders, record, req.method.label, style)
             run, path = self._save(req, builders, record)
-            yield self.finish(run, engine.label_decode) | {ui.download: str(path)}
+            yield self.finish(run, engine.label_decode, style) | {ui.download: str(path)}
         except Exception as exc:  # keep the app alive; a traceback goes to the server log only
             if isinstance(exc, FastEagleError):
                 msg = str(exc)
@@ -648,15 +810,53 @@ class Handlers:
                 msg = f"decoding failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             gr.Warning(msg)
             # the screen shows the previous run again (still replayable and downloadable), under the error
-            restored = self.finish(previous, self._labeler(previous)) if previous else {}
+            restored = self.finish(previous, self._labeler(previous), style) if previous else {}
             yield restored | {ui.badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
+
+    # /compare: vanilla and every method here on the prompt, with the same settings, one after the
+    # other (a progress line meanwhile); then one table and one per-depth chart. A user error is a
+    # warning with the screen unchanged, a failure a line saying so over the last comparison.
+    def on_compare(self, prompt, temperature, max_new_tokens, tree_k, tree_budget, seed, shape=DEFAULT_TREE_SHAPE):
+        engine, ui = self.engine, self.ui
+        try:
+            reqs = [engine.request(prompt, m.label, temperature, max_new_tokens, tree_k, tree_budget, seed, shape)
+                    for m in engine.available]
+            ids = engine.prompt_ids(reqs[0])
+        except FastEagleError as exc:
+            gr.Warning(str(exc))
+            yield {c: gr.skip() for c in ui.compare_outputs}
+            return
+        jobs = [("vanilla", reqs[0], False)] + [(r.method.label, r, True) for r in reqs]
+        runs: dict[str, tuple[list[dict], float]] = {}
+        try:
+            for i, (name, req, drafted) in enumerate(jobs):
+                done = " · ".join(f"{n} ✔" for n in runs)
+                yield {ui.compare_box: gr.Accordion(open=True),
+                       ui.compare_status: f"{done + ' · ' if done else ''}decoding with **{name}** "
+                                          f"({i + 1} of {len(jobs)})…"}
+                drafter = engine.drafter(req) if drafted else None
+                engine.warmup(drafter)  # its first decode's lazy set-up not billed to its tokens/s
+                rows = list(engine.steps(ids, drafter, req))
+                runs[name] = ([r for r, _ in rows], rows[-1][1] if rows else 0.0)
+        except Exception as exc:  # keep the last comparison on screen; say what failed, in one line
+            if not isinstance(exc, FastEagleError):
+                log.exception("comparing the methods failed")
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            gr.Warning(f"the comparison failed: {msg}")
+            yield {ui.compare_status: f"⚠️ the comparison failed at {name}: {html.escape(msg)}",
+                   ui.compare_table: gr.skip(), ui.compare_plot: gr.skip(), ui.compare_box: gr.skip()}
+            return
+        yield {ui.compare_status: compare_settings(reqs[0], len(jobs)),
+               ui.compare_table: compare_markdown(runs, reqs[0].temperature <= 0),
+               ui.compare_plot: viz.depth_acceptance_lines({n: tr for n, (tr, _) in runs.items() if n != "vanilla"}),
+               ui.compare_box: gr.skip()}
 
     def _live(self, ids, drafter, req):
         for side, d in (("speculative", drafter), ("vanilla", None)):
             for tr, spent in self.engine.steps(ids, d, req):
                 yield side, tr, spent
 
-    def _stream(self, events, builders: dict, record: dict, mlabel: str) -> Iterator[dict]:
+    def _stream(self, events, builders: dict, record: dict, mlabel: str, style: viz.TreeStyle) -> Iterator[dict]:
         """Each side's steps into `record` and its reply into `builders`; a frame on screen at most
         every FRAME_S seconds, and the last step's."""
         ui = self.ui
@@ -670,11 +870,11 @@ class Handlers:
                 continue
             last_frame = now
             if side == "speculative":
-                fig = viz.tree_figure(tr, self.engine.label_decode, min_height=tree_height)
+                fig = viz.tree_figure(tr, self.engine.label_decode, min_height=tree_height, style=style)
                 tree_height = fig.layout.height
                 steps = len(record[side]["traces"]) - 1
                 yield {ui.spec_stats: _fmt_stats("speculative", tr, spent, mlabel),
-                       ui.spec_reply: viz.spans_html(builders[side].spans),
+                       ui.spec_reply: viz.spans_html(builders[side].spans, clickable=True),
                        ui.tree_plot: fig,
                        ui.step_slider: gr.Slider(minimum=0, maximum=max(steps, 1), value=steps, interactive=False)}
             else:
@@ -703,8 +903,9 @@ class Handlers:
         files.write_text(path, viz.trace_io.dumps(run))
         return run, path
 
-    def finish(self, run: dict, label: Callable[[int], str]) -> dict:
-        """Every end-of-run output from a run record (a fresh run or an uploaded file)."""
+    def finish(self, run: dict, label: Callable[[int], str], style: viz.TreeStyle = viz.NORMAL) -> dict:
+        """Every end-of-run output from a run record (a fresh run or an uploaded file), its tree drawn
+        in `style`."""
         ui = self.ui
         meta, sides = run.get("meta", {}), run["sides"]
         spec, van = sides["speculative"], sides.get("vanilla")
@@ -714,15 +915,15 @@ class Handlers:
         traces = spec["traces"]
         n = len(traces)
         land = viz.landing_step(traces)  # the longest accepted path, not the lone bonus token at the end
-        height = _run_tree_height(run)
+        height = _run_tree_height(run, style)
         upd = {
             ui.spec_stats: _fmt_stats("speculative", traces[-1], s_sum["wall_s"], mlabel),
-            ui.spec_reply: viz.spans_html(spans_from_json(spec.get("spans") or [])),
+            ui.spec_reply: viz.spans_html(spans_from_json(spec.get("spans") or []), clickable=True),
             ui.summary: summary_markdown(mlabel, s_sum, v_sum),
             ui.hist_plot: viz.acceptance_histogram(traces),
             ui.depth_plot: viz.depth_acceptance_chart(traces),
             ui.time_plot: viz.time_split_chart({mlabel: s_sum} | ({"vanilla": v_sum} if v_sum else {})),
-            ui.tree_plot: viz.tree_figure(traces[land], label, min_height=height),
+            ui.tree_plot: viz.tree_figure(traces[land], label, min_height=height, style=style),
             ui.step_slider: gr.Slider(minimum=0, maximum=max(n - 1, 1), value=land, step=1, interactive=True),
             ui.step_info: step_markdown(traces[land], label, n),
             ui.run_state: run,
@@ -740,7 +941,7 @@ class Handlers:
         return upd
 
     # /replay_step: the tree and the emitted tokens of one step of the run on screen.
-    def on_step(self, step, run):
+    def on_step(self, step, run, present=False):
         if not run:
             return gr.skip(), gr.skip()
         traces = run["sides"]["speculative"]["traces"]
@@ -750,7 +951,8 @@ class Handlers:
             return gr.skip(), gr.skip()
         label = self._labeler(run)
         try:
-            return (viz.tree_figure(traces[i], label, min_height=_run_tree_height(run)),
+            style = _style(present)
+            return (viz.tree_figure(traces[i], label, min_height=_run_tree_height(run, style), style=style),
                     step_markdown(traces[i], label, len(traces)))
         except Exception as exc:  # an uploaded file odd in a way its check missed: say so, keep the app
             log.exception("drawing step %d failed", i)
@@ -773,6 +975,56 @@ class Handlers:
         except Exception:  # an odd replayed file: no strip rather than a broken page
             log.exception("drawing the race strip failed")
             return ""
+
+    # both replies of the run on screen, to play at their measured speeds (a placeholder without one)
+    def on_playback(self, run):
+        if not isinstance(run, dict) or not run.get("sides"):
+            return viz.playback_html({})
+        try:
+            return viz.playback_html(run["sides"], (run.get("meta") or {}).get("method", "speculative"))
+        except Exception:  # an odd replayed file: the placeholder rather than a broken page
+            log.exception("drawing the playback failed")
+            return viz.playback_html({})
+
+    # a click on a token of the speculative reply: the slider moves to the step that emitted it
+    # (its change event then draws that step), unless it is there already
+    def on_token(self, step, run, evt: gr.EventData):
+        if not run:
+            return gr.skip()
+        try:
+            want = int(evt.step)
+            here = int(step or 0)
+        except (AttributeError, TypeError, ValueError):
+            return gr.skip()
+        traces = run["sides"]["speculative"]["traces"]
+        i = next((i for i, tr in enumerate(traces) if int(tr.get("step", i)) == want), None)
+        return gr.skip() if i is None or i == here else i
+
+    # presentation mode on or off: the tree redrawn in its sizes, the short explainer beside it
+    def on_present(self, on, step, run):
+        on = bool(on)
+        tree = self.on_step(step, run, on)[0] if run else gr.skip()
+        return on, tree, gr.Column(visible=on)
+
+    # the tree size choice: the node budget it stands for, and what it costs on this device
+    def on_tree_size(self, size, method):
+        on_gpu = self.engine.target.device.type == "cuda"
+        try:
+            m = self.engine.method(method)
+        except FastEagleError:
+            return gr.skip(), ""
+        fast = default_budget(m.key, on_gpu)
+        if size != "paper":
+            return fast, ""
+        return PAPER_BUDGET, paper_tree_note(m, fast, on_gpu)
+
+    # a new method: its own fast budget, or the paper's tree when that is chosen
+    def on_method(self, method, size):
+        try:
+            key = self.engine.method(method).key
+        except FastEagleError:
+            return gr.skip()
+        return PAPER_BUDGET if size == "paper" else default_budget(key, self.engine.target.device.type == "cuda")
 
     # /step_prev, /step_next: the step before / after the one on the slider (the slider's change
     # event then draws it); kept at the run's ends, and nothing without a run on screen.
@@ -807,7 +1059,7 @@ class Handlers:
         return nxt, True, gr.skip(), gr.skip()
 
     # /replay_file: a trace file replayed, the screen as its run left it.
-    def on_upload(self, path):
+    def on_upload(self, path, present=False):
         try:
             if not path:
                 raise viz.TraceFileError("no file")
@@ -819,7 +1071,8 @@ class Handlers:
                 if not side.get("spans"):
                     side["spans"] = spans_to_json(viz.token_spans(side["traces"], self.engine.decode_text))
             run["_replayed"] = True  # on_replayed then loads its settings into the controls (once)
-            return self.finish(run, self._labeler(run)) | {self.ui.download: str(p)}  # the download is what is shown
+            # the download is what is shown
+            return self.finish(run, self._labeler(run), _style(present)) | {self.ui.download: str(p)}
         except (viz.TraceFileError, OSError) as exc:
             gr.Warning(f"cannot replay this file: {exc}")
         except Exception as exc:  # a file that passed validation but is still odd
@@ -868,6 +1121,22 @@ class Handlers:
         return lambda ids: "".join(table[i] if i in table else self.engine.label(i) for i in ids)
 
 
+def paper_tree_note(m: MethodSpec, fast: int, on_gpu: bool) -> str:
+    """What the paper's tree costs here: on a CPU the target's forward costs more the more tokens it
+    verifies, so its ~60 tokens per step cost several one-token steps; on a GPU they are nearly free."""
+    if on_gpu:
+        text = (f"On a GPU a {PAPER_BUDGET}-token forward costs about as much as a one-token one, so the paper's "
+                f"tree is nearly free here (the default here for {m.label}: {fast} nodes).")
+    else:
+        text = (f"**The paper's {PAPER_BUDGET}-node tree decodes slower on this machine.** Every step the target "
+                f"verifies ~{PAPER_BUDGET} tokens in one forward, and on a CPU a forward costs more the more "
+                f"tokens it reads (on a GPU, {PAPER_BUDGET} tokens cost about as much as one). Expect a higher τ "
+                f"and fewer tokens/s than with the fast tree ({fast} nodes).")
+    if m.key == "lookup":
+        text += " Lookup drafts no tree: the node budget sizes FastEagle's and EAGLE-3's."
+    return text
+
+
 def _animate(result):
     """A precomputed decode's steps, paced so that each side replays in about ANIMATE_S seconds."""
     for side in ("speculative", "vanilla"):
@@ -878,31 +1147,54 @@ def _animate(result):
             time.sleep(pause)
 
 
-def _run_tree_height(run) -> int:
-    """The tallest step's tree height: every step of a run is drawn that tall, so the page below
-    the tree stays put while the slider moves. Kept in the run state (not in its file)."""
-    if type(run.get("_tree_height")) is not int:
-        run["_tree_height"] = max(viz.tree_height(tr) for tr in run["sides"]["speculative"]["traces"])
-    return run["_tree_height"]
+def _run_tree_height(run, style: viz.TreeStyle = viz.NORMAL) -> int:
+    """The tallest step's tree height in `style`: every step of a run is drawn that tall, so the page
+    below the tree stays put while the slider moves. Kept in the run state (not in its file)."""
+    key = "_tree_height" if style == viz.NORMAL else "_tree_height_large"
+    if type(run.get(key)) is not int:
+        run[key] = max(viz.tree_height(tr, style) for tr in run["sides"]["speculative"]["traces"])
+    return run[key]
 
 
-def connect(ui: UI, handlers: Handlers, engine: Engine) -> None:
-    """The events: Run (and Enter in the prompt), the step slider, a trace file, a method change."""
-    on_gpu = engine.target.device.type == "cuda"
-    # input, not change: a replayed file's method must not reset the node budget it also loads
-    ui.method.input(lambda label: default_budget(engine.method(label).key, on_gpu), ui.method, ui.budget,
-                    api_name=False)
+def _style(present) -> viz.TreeStyle:
+    """The tree's sizes: large in presentation mode."""
+    return viz.LARGE if present else viz.NORMAL
+
+
+def connect(ui: UI, handlers: Handlers) -> None:
+    """The events: Run (and Enter in the prompt), the step controls, a trace file, the settings that
+    set others, presentation mode and the comparison of all methods."""
+    for trigger in (ui.run_btn.click, ui.prompt.submit):
+        trigger(None, js=SCROLL_JS, api_name=False, queue=False)
     ui.run_btn.click(handlers.on_run, ui.run_inputs, ui.outputs,
                      api_name="run", concurrency_limit=1, concurrency_id="decode")
     ui.prompt.submit(handlers.on_run, ui.run_inputs, ui.outputs,
                      api_visibility="private", concurrency_limit=1, concurrency_id="decode")
-    ui.step_slider.change(handlers.on_step, [ui.step_slider, ui.run_state], [ui.tree_plot, ui.step_info],
-                          api_name="replay_step", queue=False, show_progress="hidden")
+    # queued: gr.Warning reaches the page only from a queued event (else only the server log)
+    ui.upload.upload(handlers.on_upload, [ui.upload, ui.present_state], ui.outputs, api_name="replay_file").then(
+        handlers.on_replayed, [ui.run_state], handlers.settings_outputs, api_name="replay_settings")
+    ui.compare_btn.click(None, js=COMPARE_JS, api_name=False, queue=False)
+    ui.compare_btn.click(handlers.on_compare, ui.compare_inputs, ui.compare_outputs, api_name="compare",
+                         concurrency_limit=1, concurrency_id="decode")
+    _connect_steps(ui, handlers)
+    _connect_settings(ui, handlers)
+
+
+def _connect_steps(ui: UI, handlers: Handlers) -> None:
+    """The replay slider, its buttons and timer, a click on a reply token, and what follows the run
+    on screen (the race strip, the playback)."""
+    ui.step_slider.change(handlers.on_step, [ui.step_slider, ui.run_state, ui.present_state],
+                          [ui.tree_plot, ui.step_info], api_name="replay_step", queue=False, show_progress="hidden")
+    ui.step_slider.change(None, ui.step_slider, None, js=MARK_STEP_JS, api_name=False, queue=False)
     ui.prev_btn.click(handlers.on_prev, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_prev",
                       queue=False, show_progress="hidden")
     ui.next_btn.click(handlers.on_next, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_next",
                       queue=False, show_progress="hidden")
+    ui.spec_reply.token(handlers.on_token, [ui.step_slider, ui.run_state], ui.step_slider, api_name=False,
+                        queue=False, show_progress="hidden")
     ui.run_state.change(handlers.on_race, ui.run_state, ui.race, api_name=False, queue=False,
+                        show_progress="hidden")
+    ui.run_state.change(handlers.on_playback, ui.run_state, ui.playback, api_name=False, queue=False,
                         show_progress="hidden")
     playing = gr.State(False)
     ui.play_btn.click(handlers.on_play, [playing, ui.step_slider, ui.run_state],
@@ -911,9 +1203,19 @@ def connect(ui: UI, handlers: Handlers, engine: Engine) -> None:
     ui.play_timer.tick(handlers.on_tick, [ui.step_slider, ui.run_state],
                        [ui.step_slider, playing, ui.play_timer, ui.play_btn], api_name=False, queue=False,
                        show_progress="hidden")
-    # queued: gr.Warning reaches the page only from a queued event (else only the server log)
-    ui.upload.upload(handlers.on_upload, [ui.upload], ui.outputs, api_name="replay_file").then(
-        handlers.on_replayed, [ui.run_state], handlers.settings_outputs, api_name="replay_settings")
+
+
+def _connect_settings(ui: UI, handlers: Handlers) -> None:
+    """Controls that set others: the method and the tree size set the node budget; presentation mode
+    sets the page's look and redraws the tree."""
+    # input, not change: a replayed file's method must not reset the node budget it also loads
+    ui.method.input(handlers.on_method, [ui.method, ui.tree_size], ui.budget, api_name=False)
+    ui.tree_size.input(handlers.on_tree_size, [ui.tree_size, ui.method], [ui.budget, ui.tree_size_note],
+                       api_name=False)
+    ui.present.change(None, ui.present, None, js=PRESENT_JS, api_name=False, queue=False)
+    ui.present.change(handlers.on_present, [ui.present, ui.step_slider, ui.run_state],
+                      [ui.present_state, ui.tree_plot, ui.tree_side], api_name=False, queue=False,
+                      show_progress="hidden")
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -933,7 +1235,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
         engine.warmup()
     with gr.Blocks(title="FastEagle: speculative decoding, step by step") as demo:
         ui = layout(engine)
-        connect(ui, Handlers(engine, ui, precompute), engine)
+        connect(ui, Handlers(engine, ui, precompute))
     demo.queue(default_concurrency_limit=1)
     return demo
 
@@ -948,9 +1250,10 @@ def main() -> None:
 
 
 def launch(demo: gr.Blocks, **kwargs):
-    """demo.launch with the app's theme and CSS (Gradio 6 takes them at launch); never share=True."""
+    """demo.launch with the app's theme, CSS and page script (Gradio 6 takes them at launch: the script
+    keeps the tree's labels from overlapping); never share=True."""
     kwargs.setdefault("show_error", False)
-    return demo.launch(theme=theme(), css=CSS, **kwargs)
+    return demo.launch(theme=theme(), css=CSS, js=viz.TREE_JS, **kwargs)
 
 
 def theme() -> gr.themes.Base:

@@ -508,3 +508,113 @@ def test_the_race_strip_counts_target_forwards_both_ways():
     assert "width:50.0%" in out and "width:100.0%" in out
     alone = re.sub(r"<[^>]+>", "", viz.race_html(spec, None, 0.1))
     assert "2 target forwards for 5 tokens" in alone and "no vanilla" in alone
+
+
+# -- playback at measured speeds --------------------------------------------------------------------
+def _sides() -> dict:
+    """A speculative run of _run_traces (steps end at 0.03, 0.05, 0.06 s) and a vanilla one of 5 tokens."""
+    spec = _run_traces()
+    van = [{"step": i, "tokens": [7 + i], "token_depths": [0], "draft_ms": 0.0, "verify_ms": 10.0,
+            "generated": i + 1, "forwards": i} for i in range(5)]
+    return {"speculative": {"traces": spec, "elapsed": [0.03, 0.05, 0.06],
+                            "spans": tokens.spans_to_json(viz.token_spans(spec, decode))},
+            "vanilla": {"traces": van, "elapsed": [0.01, 0.02, 0.035, 0.05, 0.07],
+                        "spans": tokens.spans_to_json(viz.token_spans(van, decode))}}
+
+
+def _play_tokens(html: str) -> list[list[tuple[int, int, str]]]:
+    """Per pane, its tokens as (reveal ms, depth, text)."""
+    panes = html.split('<div class="fe-play-side"')[1:]
+    pat = r'<span class="fe-ptok" data-t="(\d+)" data-n="\d+" data-depth="(\d+)"[^>]*>(.*?)</span>'
+    return [[(int(t), int(d), x) for t, d, x in re.findall(pat, p, re.S)] for p in panes]
+
+
+def test_playback_shows_each_token_when_its_step_ended():
+    sides = _sides()
+    html = viz.playback_html(sides, "FastEagle")
+    spec, van = _play_tokens(html)
+    # the speculative reply comes in bursts: every token of a step at the end of that step
+    assert spec == [(30, 0, "The"), (50, 1, " cat"), (50, 2, " sat"), (50, 0, " the"), (60, 0, " dog")]
+    # vanilla's, token by token at its own measured times
+    assert [t for t, _, _ in van] == [10, 20, 35, 50, 70] and {d for _, d, _ in van} == {0}
+    assert "".join(x for *_, x in van) == "".join(s["text"] for s in sides["vanilla"]["spans"])
+    assert 'data-total="70"' in html and "FastEagle" in html and "fe-play-replay" in html
+    assert html.count('<div class="fe-play-side"') == 2 and 'data-end="60"' in html and 'data-end="70"' in html
+
+
+def test_playback_without_measured_times_uses_the_step_timings():
+    sides = _sides()
+    del sides["vanilla"]
+    sides["speculative"]["elapsed"] = [0.5]  # not one per step: not this run's
+    (spec,) = _play_tokens(viz.playback_html(sides))
+    # the steps' own draft + verify times, summed: 31 ms, then 24 more, then 12 more
+    assert sorted({t for t, _, _ in spec}) == [31, 55, 67]
+    empty = viz.playback_html({})
+    assert "fe-play-empty" in empty and "data-total" not in empty
+
+
+# -- presentation mode and narrow screens -----------------------------------------------------------
+def test_titles_wrap_to_fit_a_phone():
+    from viz.tree import LARGE, TITLE_CHARS, wrap
+
+    assert wrap(["ab", "cd", "efgh"], 7) == "ab · cd<br>efgh"
+    assert wrap(["a-very-long-part", "x"], 5) == "a-very-long-part<br>x"
+    step = backbone_step()
+    for style in (viz.NORMAL, LARGE):
+        fig = tree_figure(step, decode, style=style)
+        lines = fig.layout.title.text.split("<br>")
+        assert all(len(line) <= style.title_chars for line in lines), lines
+        head = ["step 3: 7 drafted, 2 accepted + 1 bonus"] if style == viz.NORMAL else \
+            ["step 3: 7 drafted", "2 accepted + 1 bonus"]  # large text: a line break for the comma
+        assert lines == [*head, "draft 4 ms · verify 20 ms"]
+    for fig in (charts.acceptance_histogram(_run_traces()), charts.depth_acceptance_chart(_run_traces()),
+                charts.time_split_chart({"a": trace.run_summary(_run_traces())})):
+        assert all(len(line) <= TITLE_CHARS for line in fig.layout.title.text.split("<br>")), fig.layout.title.text
+
+
+def test_the_large_style_has_bigger_text_and_keeps_labels_apart():
+    from viz.tree import LARGE
+
+    step = backbone_step()
+    small, big = tree_figure(step, decode), tree_figure(step, decode, style=LARGE)
+    for fig, style in ((small, viz.NORMAL), (big, LARGE)):
+        assert row_spacing_px(fig) >= style.label_height_px + style.marker_px
+        assert fig.layout.height == viz.tree_height(step, style)
+        assert fig.layout.meta["plot_px"] == fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    label = [_node_traces(f)[VERDICTS[ACCEPTED]].textfont.size for f in (small, big)]
+    assert label[1] > label[0] and big.layout.legend.font.size > small.layout.legend.font.size
+    assert big.layout.title.font.size > small.layout.title.font.size
+
+
+def test_presentation_colours_are_distinct_and_readable():
+    def rgb(c):
+        return [int(c[i:i + 2], 16) for i in (1, 3, 5)]
+
+    def closest(colors):
+        return min(sum((a - b) ** 2 for a, b in zip(rgb(x), rgb(y))) ** 0.5
+                   for i, x in enumerate(colors) for y in colors[i + 1:])
+
+    present = tokens.PRESENT_COLORS
+    assert closest(present) > 2 * closest([tokens.BONUS_COLOR, *tokens.DEPTH_COLORS])  # hues, not shades
+    assert all(tokens.contrast(c, tokens.readable_text(c)) >= 4.5 for c in present)  # WCAG AA text
+    css = viz.present_css()
+    for depth, color in enumerate(present):
+        assert f'.fe-tok[data-depth="{depth}"]' in css and f"background:{color}" in css
+    assert 'data-depth="3" style' in tokens.legend_html()  # legend chips carry their depth too
+
+
+def test_the_glyph_note_names_every_whitespace_glyph():
+    note = viz.glyph_note()
+    for glyph in ("␣", "↵", "⇥", "∅", "…"):
+        assert glyph in note
+    assert viz.token_label(" \n\t") == "␣↵⇥" and viz.token_label("") == "∅"  # what the note explains
+
+
+def test_per_depth_acceptance_of_several_methods():
+    other = [_run_traces()[0], backbone_step() | {"generated": 4, "forwards": 1}]
+    fig = charts.depth_acceptance_lines({"A": _run_traces(), "B": other})
+    assert [t.name for t in fig.data] == ["A", "B"]
+    for t, traces in zip(fig.data, (_run_traces(), other)):
+        rows = trace.depth_acceptance(traces)
+        assert list(t.x) == [r["depth"] for r in rows] and list(t.y) == [r["rate"] for r in rows]
+    assert fig.data[0].line.color != fig.data[1].line.color

@@ -1,7 +1,8 @@
 """Pure trace -> picture functions for the FastEagle app (no model, no Gradio, no torch); the
 numbers the pictures show are `fasteagle.trace`'s."""
 
-from viz.charts import acceptance_histogram, depth_acceptance_chart, time_split_chart
+from viz.charts import acceptance_histogram, depth_acceptance_chart, depth_acceptance_lines, time_split_chart
+from viz.playback import PLAYBACK_JS, playback_html
 from viz.race import landing_step, race_html
 from viz.tokens import (
     BONUS,
@@ -9,18 +10,33 @@ from viz.tokens import (
     SpanBuilder,
     color_map,
     depth_category,
+    glyph_note,
     highlighted,
+    present_css,
     spans_html,
     token_label,
     token_spans,
     visible,
 )
 from viz.trace_io import TraceFileError, make_run_file, parse_run_file
-from viz.tree import ACCEPTED_PATH, VERDICT_COLORS, VERDICTS, empty_figure, tree_figure, tree_height, tree_layout
+from viz.tree import (
+    ACCEPTED_PATH,
+    LARGE,
+    NORMAL,
+    TREE_JS,
+    VERDICT_COLORS,
+    VERDICTS,
+    TreeStyle,
+    empty_figure,
+    tree_figure,
+    tree_height,
+    tree_layout,
+)
 
 __all__ = [
-    "ACCEPTED_PATH", "BONUS", "Span", "SpanBuilder", "TraceFileError", "VERDICTS", "VERDICT_COLORS",
-    "acceptance_histogram", "color_map", "depth_acceptance_chart", "depth_category", "empty_figure", "highlighted",
-    "landing_step", "make_run_file", "parse_run_file", "race_html", "spans_html", "time_split_chart", "token_label",
-    "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
+    "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "PLAYBACK_JS", "Span", "SpanBuilder", "TREE_JS",
+    "TraceFileError", "TreeStyle", "VERDICTS", "VERDICT_COLORS", "acceptance_histogram", "color_map",
+    "depth_acceptance_chart", "depth_acceptance_lines", "depth_category", "empty_figure", "glyph_note", "highlighted",
+    "landing_step", "make_run_file", "parse_run_file", "playback_html", "present_css", "race_html", "spans_html",
+    "time_split_chart", "token_label", "token_spans", "tree_figure", "tree_height", "tree_layout", "visible",
 ]

@@ -9,16 +9,20 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from fasteagle.trace import ACCEPTED, accepted_lengths, depth_acceptance, histogram
-from viz.tree import VERDICT_COLORS
+from viz.tree import TITLE_CHARS, VERDICT_COLORS, wrap
 
 CHART_HEIGHT = 280
 _MARGIN = {"l": 50, "r": 20, "t": 50, "b": 50}
 TIME_COLORS = {"prefill": "#9467bd", "draft": "#ff7f0e", "verify": "#1f77b4", "other": "#c7c7c7"}
+METHOD_COLORS = ["#2e9d49", "#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b"]  # one line per method
+METHOD_DASHES = ["solid", "dash", "dot", "dashdot"]
 
 Traces = Sequence[Mapping]
 
 
 def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str) -> go.Figure:
+    """A chart's common look; its title wrapped at words to fit a phone's width."""
+    title = wrap(title.split(" "), TITLE_CHARS, " ")
     fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 14}}, height=CHART_HEIGHT, margin=_MARGIN,
                       xaxis_title=xtitle, yaxis_title=ytitle, plot_bgcolor="white", paper_bgcolor="white",
                       bargap=0.15)
@@ -67,3 +71,22 @@ def time_split_chart(summaries: Mapping[str, Mapping]) -> go.Figure:
     fig.update_layout(barmode="stack", legend={"orientation": "h", "y": -0.3})
     fig.update_yaxes(autorange="reversed")
     return _layout(fig, "where the time went (ms): draft vs verify", "milliseconds", "")
+
+
+def depth_acceptance_lines(runs: Mapping[str, Traces]) -> go.Figure:
+    """Per-depth acceptance of several decodes of one prompt, a line per method ({name: traces}):
+    `fasteagle.trace.depth_acceptance` of each, depths no step reached left out."""
+    fig = go.Figure()
+    for k, (name, traces) in enumerate(runs.items()):
+        rows = [r for r in depth_acceptance(traces) if r["rate"] is not None]
+        fig.add_trace(go.Scatter(
+            x=[r["depth"] for r in rows], y=[r["rate"] for r in rows], mode="lines+markers", name=name,
+            line={"color": METHOD_COLORS[k % len(METHOD_COLORS)], "width": 2,
+                  "dash": METHOD_DASHES[k % len(METHOD_DASHES)]},  # lines that coincide stay apart
+            customdata=[[r["accepted"], r["reached"]] for r in rows],
+            hovertemplate=f"{name}, depth %{{x}}: accepted in %{{customdata[0]}} of %{{customdata[1]}} steps"
+                          "<extra></extra>"))
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    fig.update_xaxes(dtick=1)
+    fig.update_layout(legend={"orientation": "h", "y": -0.3})
+    return _layout(fig, "acceptance rate per depth, each method", "draft depth", "accepted / reached")

@@ -20,6 +20,48 @@ _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 # deepen with depth (a deeper accepted draft saved more target forwards).
 BONUS_COLOR = "#cfd8e6"
 DEPTH_COLORS = ["#d9f0d3", "#b8e3b0", "#93d18c", "#6fbf6a", "#4daa4d", "#34913a", "#22782d", "#135f22"]
+# Presentation mode's palette, for the bonus token then depths 1, 2, ...: pale greens that deepen wash
+# out on a projector, so there each depth gets its own hue (Okabe-Ito's colour-blind safe set), with
+# black or white text, whichever contrasts more (`readable_text`).
+PRESENT_COLORS = ["#bdbdbd", "#f0e442", "#e69f00", "#56b4e9", "#009e73", "#0072b2", "#d55e00", "#cc79a7", "#000000"]
+
+
+def glyph_note() -> str:
+    """One line saying what the glyphs in token labels stand for."""
+    names = {" ": "a space", "\n": "a newline", "\t": "a tab"}  # (a carriage return is rare: left out)
+    parts = [f"{_VISIBLE[c]} {name}" for c, name in names.items()]
+    return "In token labels " + " · ".join(parts + ["∅ an empty token", "… a label cut short"]) + "."
+
+
+def luminance(color: str) -> float:
+    """Relative luminance of a #rrggbb colour (WCAG 2)."""
+    def channel(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (channel(int(color[i:i + 2], 16) / 255) for i in (1, 3, 5))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG 2 contrast ratio of two #rrggbb colours (1 to 21)."""
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def readable_text(background: str) -> str:
+    """Black or white, whichever contrasts more with `background`."""
+    return max(("#000000", "#ffffff"), key=lambda c: contrast(background, c))
+
+
+def present_css(scope: str = "body.fe-present") -> str:
+    """CSS that recolours reply tokens and legend chips (anything with `data-depth`) with
+    `PRESENT_COLORS` under `scope`: depths past the palette take its last colour."""
+    sel = ", ".join(f"{scope} .{c}[data-depth{{}}]" for c in ("fe-tok", "fe-chip", "fe-ptok"))
+    rules = []
+    for depth, bg in [(None, PRESENT_COLORS[-1]), *enumerate(PRESENT_COLORS)]:
+        where = sel.replace("{}", "" if depth is None else f'="{depth}"')
+        rules.append(f"{where} {{ background:{bg} !important; color:{readable_text(bg)} !important; }}")
+    return "\n".join(rules)
 
 
 def visible(text: str) -> str:
@@ -136,20 +178,22 @@ def _esc(text: str) -> str:
 
 
 def legend_html(max_depth: int = len(DEPTH_COLORS)) -> str:
-    chips = " ".join(f'<span class="fe-chip" style="background:{depth_color(d)};padding:1px 6px;margin-right:4px;'
-                    f'border-radius:4px;font-size:0.8em;color:{text_color(d)};white-space:nowrap">'
+    chips = " ".join(f'<span class="fe-chip" data-depth="{d}" style="background:{depth_color(d)};padding:1px 6px;'
+                    f'margin-right:4px;border-radius:4px;font-size:0.8em;color:{text_color(d)};white-space:nowrap">'
                     f'{_esc(depth_category(d))}</span>' for d in range(max_depth + 1))
     return f'<div class="fe-legend" style="margin-bottom:6px;line-height:1.9">{chips}</div>'
 
 
-def spans_html(spans: Iterable[Span], legend: bool = True, empty: str = "") -> str:
+def spans_html(spans: Iterable[Span], legend: bool = True, empty: str = "", clickable: bool = False) -> str:
     """The reply as running text: one <span> per token with its background colour by how it was
-    made, `data-depth` / `data-step` attributes and a tooltip. Whitespace is kept (pre-wrap)."""
+    made, `data-depth` / `data-step` attributes and a tooltip (`clickable`: which says that a click
+    shows the token's step). Whitespace is kept (pre-wrap)."""
     spans = list(spans)
     parts = []
     for s in spans:
         how = "the target's own (bonus) token" if s.depth <= 0 else f"draft token accepted at depth {s.depth}"
         tip = f"{how} · step {s.step} · token id {', '.join(map(str, s.token_ids))}"
+        tip += " · click: the tree of this step" if clickable else ""
         parts.append(f'<span class="fe-tok" data-depth="{s.depth}" data-step="{s.step}" '
                      f'style="background:{depth_color(s.depth)};border-radius:3px;color:{text_color(s.depth)}" '
                      f'title="{_esc(tip)}">{_esc(s.text)}</span>')

@@ -20,6 +20,7 @@ between two depth columns) so they never run through the labels above the marker
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -40,14 +41,42 @@ MARKER_PX = 12
 LOOKUP_SYMBOL = "diamond"  # their marker; drafter nodes are circles
 LOOKUP_NAME = "from prompt lookup"
 ROW_PX = 40  # >= LABEL_HEIGHT_PX + MARKER_PX: a label sits above its marker
-MARGIN = {"l": 30, "r": 30, "t": 70, "b": 84}  # top: Plotly's toolbar, then the title; bottom: the axis, legend
+TITLE_PX = 14
 TITLE_TOP_PX = 30  # the title starts below the toolbar (which would cover it on a narrow screen)
+TITLE_LINES = 2  # a step's title: what it drafted and accepted, then its timings (and folds, a third line)
+TITLE_CHARS = 44  # at most this many characters of TITLE_PX text a title line: it fits a 390 px phone
+MARGIN = {"l": 30, "r": 30, "t": 76, "b": 84}  # top: Plotly's toolbar, then the title; bottom: the axis, legend
 MIN_HEIGHT = 260
 FOLD_ROWS = 20  # taller trees fold their never-reached branches, then their surplus rejected leaves
 KEEP_REJECTED = 3  # rejected leaves a parent keeps in sight when those fold
 FOLDED_NAME = "never reached (folded)"
 FOLDED_REJECTED_NAME = "rejected (folded)"
 FOLDED_SYMBOL = "circle-open"
+
+
+@dataclass(frozen=True)
+class TreeStyle:
+    """Sizes of a tree figure's text, markers and rows: `NORMAL`, or `LARGE` for presentation mode (a
+    projector). `row_px` >= `label_height_px` + `marker_px`, so a label sits between two rows' markers;
+    `title_chars` keeps a title line inside a phone's width at `title_px`."""
+
+    label_px: int = LABEL_FONT_PX
+    label_height_px: int = LABEL_HEIGHT_PX
+    marker_px: int = MARKER_PX
+    row_px: int = ROW_PX
+    title_px: int = TITLE_PX
+    title_chars: int = TITLE_CHARS
+    legend_px: int = 11
+    bottom_px: int = MARGIN["b"]  # the axis title and the legend (two legend rows when large)
+
+    def top_px(self, lines: int) -> int:
+        """The top margin: the toolbar, then `lines` lines of title."""
+        return TITLE_TOP_PX + round(lines * 1.3 * self.title_px) + 10
+
+
+NORMAL = TreeStyle()
+LARGE = TreeStyle(label_px=17, label_height_px=22, marker_px=16, row_px=54, title_px=19, title_chars=34,
+                  legend_px=16, bottom_px=130)
 
 
 @dataclass
@@ -161,21 +190,35 @@ def _visible(parents: list[int], status: list[int], draft_probs: list[float], bo
     return shown, folds, lay
 
 
-def _folded_text(folds: list[tuple[int, list[int], int]]) -> str:
+def _folded_text(folds: list[tuple[int, list[int], int]]) -> list[str]:
+    """The title's part about folded nodes (none when nothing is folded)."""
     counts = {v: sum(len(nodes) for _, nodes, w in folds if w == v) for v in (NEVER_REACHED, REJECTED)}
     parts = [f"{c} {VERDICTS[v]}" for v, c in counts.items() if c]
-    return f" · {' and '.join(parts)} nodes folded" if parts else ""
+    return [f"{' and '.join(parts)} nodes folded"] if parts else []
 
 
-def figure_height(rows: int) -> int:
-    return max(MIN_HEIGHT, MARGIN["t"] + MARGIN["b"] + rows * ROW_PX)
+def wrap(parts: list[str], chars: int, sep: str = " · ") -> str:
+    """`parts` joined by `sep` into lines of at most `chars` characters (a longer part keeps a line to
+    itself), joined by Plotly's <br>: long titles wrap instead of running off a phone's screen."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= chars:
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return "<br>".join(lines)
+
+
+def figure_height(rows: int, style: TreeStyle = NORMAL, lines: int = TITLE_LINES) -> int:
+    return max(MIN_HEIGHT, style.top_px(lines) + style.bottom_px + rows * style.row_px)
 
 
 def empty_figure(message: str = "Run a prompt to see each step's draft tree.", height: int = MIN_HEIGHT) -> go.Figure:
-    """A placeholder (gr.Plot needs a figure at load, or Plotly drops the first frames)."""
+    """A placeholder (gr.Plot needs a figure at load, or Plotly drops the first frames); the message
+    wrapped to fit a phone."""
     fig = go.Figure()
-    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font={"size": 14, "color": "#666"})
+    fig.add_annotation(text=wrap(message.split(" "), TITLE_CHARS, " "), x=0.5, y=0.5, xref="paper", yref="paper",
+                       showarrow=False, font={"size": 14, "color": "#666"})
     fig.update_layout(height=height, margin=MARGIN, xaxis={"visible": False}, yaxis={"visible": False},
                       plot_bgcolor="white", paper_bgcolor="white")
     return fig
@@ -203,9 +246,13 @@ def _step_layout(step: Mapping):
     return status, dprobs, path, bonus_tok, visible
 
 
-def tree_height(step: Mapping) -> int:
+def tree_height(step: Mapping, style: TreeStyle = NORMAL) -> int:
     """The height `tree_figure` gives this step, without drawing it (to size a run's figures alike)."""
-    return figure_height(_step_layout(step)[-1][2].rows) if step.get("tree") else MIN_HEIGHT
+    if not step.get("tree"):
+        return MIN_HEIGHT
+    _, _, path, bonus_tok, (_, folds, lay) = _step_layout(step)
+    title = _title(step, len(step["tree"]["tokens"]), path, bonus_tok, folds, style)
+    return figure_height(lay.rows, style, title.count("<br>") + 1)
 
 
 @dataclass
@@ -228,9 +275,10 @@ class _Drawing:
     folds: list[tuple[int, list[int], int]]
     lay: Layout
     at: dict[int, int]
+    style: TreeStyle = NORMAL
 
 
-def _drawing(step: Mapping, label_of: Callable[[int], str]) -> _Drawing:
+def _drawing(step: Mapping, label_of: Callable[[int], str], style: TreeStyle) -> _Drawing:
     """A step with a tree, decoded, laid out and folded as `_visible` decides."""
     tree = step["tree"]
     tokens = [int(t) for t in tree["tokens"]]
@@ -242,39 +290,40 @@ def _drawing(step: Mapping, label_of: Callable[[int], str]) -> _Drawing:
         tprobs=[float(p) for p in (step.get("target_probs") or [1.0] * n)],
         sources=[int(s) for s in (tree.get("sources") or [0] * n)], path=path, bonus_tok=bonus_tok,
         bonus_text=label_of(bonus_tok) if lay.bonus is not None else "", shown=shown, folds=folds, lay=lay,
-        at={i: k for k, i in enumerate(shown)},
+        at={i: k for k, i in enumerate(shown)}, style=style,
     )
 
 
 def tree_figure(step: Mapping, tokenizer_decode: Decode | Mapping[int, str], title: str | None = None,
-                min_height: int = 0) -> go.Figure:
+                min_height: int = 0, style: TreeStyle = NORMAL) -> go.Figure:
     """Plotly figure of one `StepTrace.to_dict()`: nodes coloured by verdict, the accepted path as
     one line trace, hover with token id, depth, draft and target probabilities. `min_height`: at
-    least this tall, rows spaced as usual from the top (so a run's figures need not jump in size)."""
+    least this tall, rows spaced as usual from the top (so a run's figures need not jump in size);
+    `style`: text and row sizes (`LARGE` for a projector)."""
     label_of: Callable[[int], str] = label_decoder(tokenizer_decode)
     if not step.get("tree"):
         toks = step.get("tokens") or []
         first = token_label(label_of(toks[0]), 24) if toks else "∅"
         return empty_figure(f"step {step.get('step', 0)}: prefill — the target read the prompt and chose its "
                             f"first token itself: “{first}”", max(MIN_HEIGHT, min_height))
-    d = _drawing(step, label_of)
-    fig = go.Figure()
-    fig.add_trace(_edges(d.lay, len(d.shown) + len(d.folds)))
-    fig.add_trace(_accepted_path(d))
+    d = _drawing(step, label_of, style)
+    traces = [_edges(d.lay, len(d.shown) + len(d.folds)), _accepted_path(d)]
     if d.lay.bonus is not None:  # under the nodes, and never hovered
-        fig.add_trace(_bonus_edge(d))
+        traces.append(_bonus_edge(d))
     for verdict in (ACCEPTED, REJECTED, NEVER_REACHED):  # each always present so the legend stays put
-        fig.add_trace(_verdict_nodes(d, verdict))
+        traces.append(_verdict_nodes(d, verdict))
     for verdict, name in ((NEVER_REACHED, FOLDED_NAME), (REJECTED, FOLDED_REJECTED_NAME)):
         if any(v == verdict for _, _, v in d.folds):
-            fig.add_trace(_folded_nodes(d, verdict, name))
+            traces.append(_folded_nodes(d, verdict, name))
     if LOOKUP_SOURCE in d.sources:  # legend entry for the marker shape of lookup's nodes
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=LOOKUP_NAME, hoverinfo="skip",
-                                 marker={"size": MARKER_PX, "color": "#777777", "symbol": LOOKUP_SYMBOL}))
+        traces.append(go.Scatter(x=[None], y=[None], mode="markers", name=LOOKUP_NAME, hoverinfo="skip",
+                                 marker={"size": style.marker_px, "color": "#777777", "symbol": LOOKUP_SYMBOL}))
     if d.lay.bonus is not None:
-        fig.add_trace(_bonus_node(d))
-    _style(fig, _title(step, d) if title is None else title, d.lay, min_height)
-    return fig
+        traces.append(_bonus_node(d))
+    if title is None:
+        title = _title(step, len(d.tokens), d.path, d.bonus_tok, d.folds, style)
+    # the layout given at construction: update_layout on a figure with traces is several times slower
+    return go.Figure(data=traces, layout=_layout(title, d.lay, min_height, style))
 
 
 def _edges(lay: Layout, count: int) -> go.Scatter:
@@ -304,8 +353,8 @@ def _verdict_nodes(d: _Drawing, verdict: int) -> go.Scatter:
     return go.Scatter(
         x=[lay.x[at[i]] for i in idx], y=[lay.y[at[i]] for i in idx], mode="markers+text",
         name=VERDICTS[verdict], text=[d.labels[i] for i in idx], textposition="top center", cliponaxis=False,
-        textfont={"size": LABEL_FONT_PX, "family": "monospace"},
-        marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
+        textfont={"size": d.style.label_px, "family": "monospace"},
+        marker={"size": d.style.marker_px, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
                 "symbol": [LOOKUP_SYMBOL if d.sources[i] == LOOKUP_SOURCE else "circle" for i in idx]},
         customdata=[[i, d.tokens[i], int(lay.x[at[i]]), d.dprobs[i], d.tprobs[i], _source_text(d.sources[i]),
                      repr(d.texts[i])] for i in idx],
@@ -323,9 +372,9 @@ def _folded_nodes(d: _Drawing, verdict: int, name: str) -> go.Scatter:
     return go.Scatter(
         x=[lay.x[k] for k, _ in group], y=[lay.y[k] for k, _ in group], mode="markers+text", name=name,
         text=[f"+{len(nodes)}" for _, nodes in group], textposition="top center", cliponaxis=False,
-        textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": VERDICT_COLORS[verdict]
+        textfont={"size": d.style.label_px, "family": "monospace", "color": VERDICT_COLORS[verdict]
                   if verdict == REJECTED else "#888888"},
-        marker={"size": MARKER_PX, "color": VERDICT_COLORS[verdict], "symbol": FOLDED_SYMBOL},
+        marker={"size": d.style.marker_px, "color": VERDICT_COLORS[verdict], "symbol": FOLDED_SYMBOL},
         customdata=[[len(nodes), " ".join(d.labels[i] for i in nodes[:12]) + (" …" if len(nodes) > 12 else "")]
                     for _, nodes in group],
         hovertemplate=f"%{{customdata[0]}} {VERDICTS[verdict]} nodes, folded: %{{customdata[1]}}<extra></extra>",
@@ -347,38 +396,45 @@ def _bonus_node(d: _Drawing) -> go.Scatter:
     return go.Scatter(
         x=[lay.x[b]], y=[lay.y[b]], mode="markers+text", name=BONUS_NAME,
         text=[token_label(d.bonus_text)], textposition="top center", cliponaxis=False,
-        textfont={"size": LABEL_FONT_PX, "family": "monospace", "color": BONUS_COLOR},
-        marker={"size": MARKER_PX + 4, "color": BONUS_COLOR, "symbol": "star"},
+        textfont={"size": d.style.label_px, "family": "monospace", "color": BONUS_COLOR},
+        marker={"size": d.style.marker_px + 4, "color": BONUS_COLOR, "symbol": "star"},
         customdata=[[d.bonus_tok, repr(d.bonus_text)]],
         hovertemplate="%{customdata[1]}<br>token id %{customdata[0]}<br>the target's own token after the "
                       "accepted path<extra></extra>",
     )
 
 
-def _title(step: Mapping, d: _Drawing) -> str:
-    """What the step drafted, accepted and spent, and what is folded."""
-    return (f"step {step.get('step', '?')}: {len(d.tokens) - 1} drafted, {len(d.path) - 1} accepted"
-            f"{' + 1 bonus' if d.bonus_tok is not None else ''} · draft {float(step.get('draft_ms', 0)):.0f} ms"
-            f" · verify {float(step.get('verify_ms', 0)):.0f} ms"
-            + _folded_text(d.folds))
+def _title(step: Mapping, n_tokens: int, path: list[int], bonus_tok: int | None,
+           folds: list[tuple[int, list[int], int]], style: TreeStyle) -> str:
+    """What the step drafted, accepted and spent, and what is folded, wrapped to `style`'s width."""
+    head = [f"step {step.get('step', '?')}: {n_tokens - 1} drafted",
+            f"{len(path) - 1} accepted{' + 1 bonus' if bonus_tok is not None else ''}"]
+    times = [f"draft {float(step.get('draft_ms', 0)):.0f} ms", f"verify {float(step.get('verify_ms', 0)):.0f} ms"]
+    return wrap(head, style.title_chars, ", ") + "<br>" + wrap([*times, *_folded_text(folds)], style.title_chars)
 
 
-def _style(fig: go.Figure, title: str, lay: Layout, min_height: int) -> None:
-    """Axes, legend and size: `ROW_PX` per row, at least `min_height` tall (extra rows below)."""
+def _layout(title: str, lay: Layout, min_height: int, style: TreeStyle) -> dict:
+    """Axes, legend and size: `style.row_px` per row, at least `min_height` tall (extra rows below)."""
     max_x = max(lay.x) if lay.x else 0
-    height, span = figure_height(lay.rows), lay.rows
+    lines = title.count("<br>") + 1
+    margin = MARGIN | {"t": style.top_px(lines), "b": style.bottom_px}
+    height, span = figure_height(lay.rows, style, lines), lay.rows
     if min_height > height:  # taller than the tree needs: the rows keep their spacing, from the top
-        height, span = min_height, max(lay.rows, (min_height - MARGIN["t"] - MARGIN["b"]) / ROW_PX)
-    fig.update_layout(
-        title={"text": title, "x": 0.01, "font": {"size": 14}, "yref": "container", "y": 1, "yanchor": "top",
-               "pad": {"t": TITLE_TOP_PX}},
-        height=height, margin=MARGIN, plot_bgcolor="white", paper_bgcolor="white",
-        legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
-        xaxis={"title": {"text": "depth (0 = root: the last token the target chose)", "font": {"size": 11}},
+        height, span = min_height, max(lay.rows, (min_height - margin["t"] - margin["b"]) / style.row_px)
+    return dict(
+        title={"text": title, "x": 0.01, "font": {"size": style.title_px}, "yref": "container", "y": 1,
+               # Plotly lifts a title anchored at its top by its extra lines: pad them back down
+               "yanchor": "top", "pad": {"t": TITLE_TOP_PX + style.top_px(lines) - style.top_px(1)}},
+        height=height, margin=margin, plot_bgcolor="white", paper_bgcolor="white",
+        legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0,
+                "font": {"size": style.legend_px}},
+        xaxis={"title": {"text": "depth (0 = root: the last token the target chose)",
+                         "font": {"size": style.legend_px}},
                "range": [-0.5, max_x + 0.5], "dtick": 1, "showgrid": True, "gridcolor": "#f2f2f2",
-               "zeroline": False, "fixedrange": True},
+               "zeroline": False, "fixedrange": True, "tickfont": {"size": style.legend_px}},
         yaxis={"range": [span - 0.5, -0.6], "visible": False, "fixedrange": True},
-        hoverlabel={"font": {"family": "monospace"}},
+        hoverlabel={"font": {"family": "monospace", "size": style.legend_px + 2}},
+        meta={"height": height, "plot_px": height - margin["t"] - margin["b"]},  # TREE_JS keeps the rows so tall
     )
 
 
@@ -387,3 +443,59 @@ def row_spacing_px(fig: go.Figure) -> float:
     lo, hi = fig.layout.yaxis.range
     plot_h = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
     return plot_h / abs(hi - lo)
+
+
+# Run on page load (the app's launch js), after each tree Plotly draws in `#tree-plot`:
+# - on a narrow screen the legend wraps into more rows than the bottom margin holds and Plotly takes
+#   them from the plot, squeezing the rows together: the figure grows back to its `meta.plot_px`;
+# - a label that would overlap one already kept is hidden (hovering its node still shows its token).
+#   Accepted nodes and the bonus token keep theirs first, then rejected, folded and never-reached
+#   nodes, left to right: on a phone, or with presentation mode's large labels, neighbouring columns
+#   would otherwise print over each other.
+LABEL_RANK = {VERDICTS[ACCEPTED]: 0, BONUS_NAME: 0, VERDICTS[REJECTED]: 1, FOLDED_REJECTED_NAME: 2,
+              VERDICTS[NEVER_REACHED]: 3, FOLDED_NAME: 3}  # which trace's labels stay first
+TREE_JS = """
+() => {
+  const rank = LABEL_RANK;
+  const overlap = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  // the pixels a figure gains stay for the next steps' figures of the run (the page does not jump)
+  const grow = (gd) => {
+    const full = gd._fullLayout || {}, meta = (gd.layout || {}).meta;
+    const box = gd.closest('#tree-plot');  // outlives the plot, which Gradio may draw anew each step
+    if (!meta || !full._size || !box || !window.Plotly) return false;
+    if (box.feBase !== meta.height) { box.feBase = meta.height; box.feExtra = 0; }
+    const need = full.height - meta.height + meta.plot_px - full._size.h;
+    if (!Number.isFinite(need)) return false;
+    box.feExtra = Math.max(box.feExtra, Math.ceil(need));
+    if (Math.abs(full.height - (meta.height + box.feExtra)) < 1) return false;
+    window.Plotly.relayout(gd, {height: meta.height + box.feExtra});
+    return true;
+  };
+  const declutter = (gd) => {
+    const labels = [];
+    gd.querySelectorAll('.scatterlayer .trace').forEach((g) => {
+      const name = (g.__data__ && g.__data__[0] && g.__data__[0].trace.name) || '';
+      g.querySelectorAll('.textpoint text').forEach((t) => {
+        t.style.visibility = '';
+        delete t.dataset.feHidden;
+        if (t.textContent) labels.push({t, r: rank[name] ?? 4, box: t.getBoundingClientRect()});
+      });
+    });
+    labels.sort((a, b) => a.r - b.r || a.box.left - b.box.left);
+    const kept = [];
+    for (const {t, box} of labels) {
+      if (kept.some((k) => overlap(box, k))) { t.style.visibility = 'hidden'; t.dataset.feHidden = 'overlap'; }
+      else kept.push(box);
+    }
+  };
+  const drawn = (gd) => { if (!grow(gd)) declutter(gd); };
+  const hook = () => document.querySelectorAll('#tree-plot .js-plotly-plot').forEach((gd) => {
+    if (gd.feTree || typeof gd.on !== 'function') return;
+    gd.feTree = true;
+    gd.on('plotly_afterplot', () => drawn(gd));
+    drawn(gd);
+  });
+  new MutationObserver(hook).observe(document.body, {childList: true, subtree: true});
+  hook();
+}
+""".replace("LABEL_RANK", json.dumps(LABEL_RANK))

@@ -91,9 +91,18 @@ def _set_step(page, step: int) -> None:
         "(s) => (document.querySelector('#step-info')?.innerText || '').includes('Step ' + s + ' of')", arg=step)
 
 
+def _box(page, selector: str) -> dict:
+    return page.evaluate("""(s) => { const b = document.querySelector(s).getBoundingClientRect();
+                                     return {l: b.left, r: b.right, t: b.top, b: b.bottom}; }""", selector)
+
+
 def test_run_and_replay_in_a_browser(app_url, page):
     url, method = app_url
     page.goto(url, wait_until="load")
+    # Run sits right under the prompt, above the examples
+    page.wait_for_selector("#examples")
+    prompt, run_btn, examples = (_box(page, s) for s in ("#prompt", "#run", "#examples"))
+    assert prompt["b"] <= run_btn["t"] < prompt["b"] + 40 and run_btn["b"] <= examples["t"], (prompt, run_btn)
     page.locator("#prompt textarea").fill(PROMPT)
     page.locator("#method label", has_text=method).first.click()
     if method != "lookup":  # the node budget follows the method
@@ -154,6 +163,20 @@ def test_run_and_replay_in_a_browser(app_url, page):
     # The race strip above the tree: target forwards both ways, the steady number.
     race = page.locator("#race").inner_text()
     assert "target forwards" in race and "steady number" in race
+    # Both replies played again side by side: at the end every token is shown, the replies complete.
+    page.wait_for_function("() => document.querySelector('#playback .fe-play')?.dataset.playing === 'false'")
+    panes = page.locator("#playback .fe-play-text")
+    assert panes.nth(0).inner_text() == spec_text and panes.nth(1).inner_text() == spec_text
+    assert page.locator("#playback .fe-ptok[style*='hidden']").count() == 0
+    # A click on a reply token jumps to the step that emitted it, whose tokens are then outlined.
+    _set_step(page, 1)
+    tok = page.locator("#spec-reply .fe-tok[data-step='2']").first
+    tok.click()
+    page.wait_for_function("() => (document.querySelector('#step-info')?.innerText || '').includes('Step 2 of')")
+    page.wait_for_function("() => document.querySelector('#spec-reply .fe-tok[data-step=\\'2\\']')"
+                           ".classList.contains('fe-sel')")
+    outlined = page.evaluate("() => Array.from(document.querySelectorAll('#spec-reply .fe-sel'), t => t.dataset.step)")
+    assert outlined and set(outlined) == {"2"}
     # Previous / next step buttons move the slider and the tree.
     _set_step(page, 1)
     page.locator("#step-next").click()
@@ -174,9 +197,11 @@ def test_run_and_replay_in_a_browser(app_url, page):
     assert SCREENSHOT.stat().st_size > 20_000
 
 
-def run_lookup(page, url: str, max_new: int) -> None:
-    """Open the app, run PROMPT with prompt lookup for `max_new` tokens and wait for its tree."""
-    page.goto(url, wait_until="load")
+def run_lookup(page, url: str | None, max_new: int) -> None:
+    """Open the app (None: the page as it is), run PROMPT with prompt lookup for `max_new` tokens and
+    wait for its tree."""
+    if url:
+        page.goto(url, wait_until="load")
     page.locator("#prompt textarea").fill(PROMPT)
     page.locator("#method label", has_text="lookup").first.click()
     num = page.locator("#max-new input[type=number]")
@@ -212,46 +237,86 @@ def test_an_error_keeps_the_last_run_on_screen(app_url, page):
     assert not failed, failed
 
 
+# The tree on screen: the svg, title, toolbar and plot area, the labels drawn (not hidden as overlapping)
+# and how many were hidden, the charts' titles, and the rows' planned and actual height.
+TREE_BOXES = """() => {
+    const root = document.querySelector('#tree-plot .js-plotly-plot');
+    const r = (el) => { const b = el.getBoundingClientRect();
+                        return {l: b.left, t: b.top, r: b.right, b: b.bottom, w: b.width, h: b.height}; };
+    const bar = root.querySelector('.modebar');
+    return {plot: r(root.querySelector('.main-svg')), title: r(root.querySelector('.gtitle')),
+            bar: bar ? r(bar) : null, area: r(root.querySelector('.nsewdrag')),
+            step: root.layout.title.text,
+            labels: Array.from(root.querySelectorAll('.scatterlayer .trace')).flatMap(g => {
+                const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
+                return Array.from(g.querySelectorAll('.textpoint text'))
+                            .filter(t => t.textContent && getComputedStyle(t).visibility !== 'hidden')
+                            .map(t => Object.assign(r(t), {clip, text: t.textContent})); }),
+            hidden: root.querySelectorAll('.textpoint text[data-fe-hidden]').length,
+            charts: ['hist-plot', 'depth-plot', 'time-plot'].map(id => {
+                const p = document.querySelector('#' + id + ' .js-plotly-plot');
+                return {id, plot: r(p.querySelector('.main-svg')), title: r(p.querySelector('.gtitle'))}; }),
+            rows: root.layout.meta.plot_px, area_h: root._fullLayout._size.h}; }"""
+
+
+def _check_tree_boxes(boxes: dict) -> None:
+    """Labels inside the plot and apart, titles inside their plots, rows as tall as planned."""
+    plot, title = boxes["plot"], boxes["title"]
+    assert boxes["labels"], boxes["step"]
+    for b in boxes["labels"]:  # a trace clipped to its axes cuts what lies outside them
+        box = boxes["area"] if b["clip"] else plot
+        assert box["l"] - 1 <= b["l"] and b["r"] <= box["r"] + 1 and box["t"] - 1 <= b["t"] and \
+            b["b"] <= box["b"] + 1, (b, box)
+    # no two labels drawn over each other (one that would overlap is hidden; hovering shows its token)
+    labels = boxes["labels"]
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            assert a["r"] <= b["l"] + 0.5 or b["r"] <= a["l"] + 0.5 or a["b"] <= b["t"] + 0.5 or \
+                b["b"] <= a["t"] + 0.5, (boxes["step"], a, b)
+    # every title fits its plot's width, and the legend's extra rows did not squeeze the tree's rows
+    for chart in [{"id": "tree-plot", "plot": plot, "title": title}, *boxes["charts"]]:
+        assert chart["plot"]["l"] - 1 <= chart["title"]["l"] and chart["title"]["r"] <= chart["plot"]["r"] + 1, chart
+    assert boxes["area_h"] >= boxes["rows"] - 1, boxes
+
+
 def test_the_tree_fits_a_narrow_screen(app_url, page):
-    """At 390 px wide (a phone) the tree's labels lie inside the plot and the Plotly toolbar does not
-    cover the title."""
+    """At 390 px wide (a phone) the tree's labels lie inside the plot without overlapping at every
+    step (a long lookup chain crowds them: some are hidden), the titles fit their plots, and the
+    Plotly toolbar does not cover the tree's title."""
     url, _ = app_url
     context = page.context.browser.new_context(viewport={"width": 390, "height": 844})  # the same browser
     try:
         pg = context.new_page()
         pg.set_default_timeout(120_000)
-        run_lookup(pg, url, 12)
+        run_lookup(pg, url, MAX_NEW)
         plot = pg.locator("#tree-plot .js-plotly-plot")
         plot.scroll_into_view_if_needed()
         plot.hover()  # the toolbar shows on hover
         pg.wait_for_timeout(800)
-        boxes = pg.evaluate("""() => {
-            const root = document.querySelector('#tree-plot .js-plotly-plot');
-            const r = (el) => { const b = el.getBoundingClientRect();
-                                return {l: b.left, t: b.top, r: b.right, b: b.bottom, w: b.width, h: b.height}; };
-            const bar = root.querySelector('.modebar');
-            return {plot: r(root.querySelector('.main-svg')),
-                    title: r(root.querySelector('.gtitle')),
-                    bar: bar ? r(bar) : null,
-                    area: r(root.querySelector('.nsewdrag')),
-                    labels: Array.from(root.querySelectorAll('.scatterlayer .trace')).flatMap(g => {
-                        const clip = !(g.__data__ && g.__data__[0] && g.__data__[0].trace.cliponaxis === false);
-                        return Array.from(g.querySelectorAll('.textpoint text')).filter(t => t.textContent)
-                                    .map(t => Object.assign(r(t), {clip})); })}; }""")
-        pg.locator("#race").scroll_into_view_if_needed()
-        pg.mouse.move(0, 0)  # the toolbar away, for the README's phone view
+        first = pg.evaluate(TREE_BOXES)
+        # the README's phone view: the tree and its controls, the toolbar away (the mouse off the plot)
+        pg.evaluate("() => document.querySelector('#tree-plot').scrollIntoView({block: 'start'})")
+        pg.mouse.move(5, pg.viewport_size["height"] - 5)
+        pg.wait_for_timeout(500)
         pg.screenshot(path=str(PHONE_SCREENSHOT))
+        every = [first]
+        _set_step(pg, 1)
+        last = int(pg.locator("#step-slider input[type=range]").get_attribute("max") or 0)
+        for step in range(1, last + 1):
+            if step > 1:
+                pg.locator("#step-next").click()
+            pg.wait_for_function(f"() => {TREE_TITLE}.startsWith('step {step}:')")
+            pg.wait_for_timeout(300)  # Plotly's afterplot hides the labels that would overlap
+            every.append(pg.evaluate(TREE_BOXES))
     finally:
         context.close()
-    plot, title, bar = boxes["plot"], boxes["title"], boxes["bar"]
-    assert boxes["labels"]
-    for b in boxes["labels"]:  # a trace clipped to its axes cuts what lies outside them
-        box = boxes["area"] if b["clip"] else plot
-        assert box["l"] - 1 <= b["l"] and b["r"] <= box["r"] + 1 and box["t"] - 1 <= b["t"] and \
-            b["b"] <= box["b"] + 1, (b, box)
+    bar, title = first["bar"], first["title"]
     if bar and bar["w"] > 0 and bar["h"] > 0:
         apart = bar["b"] <= title["t"] or title["b"] <= bar["t"] or bar["r"] <= title["l"] or title["r"] <= bar["l"]
         assert apart, (bar, title)
+    for boxes in every:
+        _check_tree_boxes(boxes)
+    assert any(b["hidden"] for b in every), [b["step"] for b in every]  # a crowded step was decluttered
 
 
 def test_an_example_sets_the_prompt_and_the_temperature(app_url, page):
@@ -276,3 +341,96 @@ def test_play_steps_through_the_run(app_url, page):
     assert "pause" in page.locator("#step-play").inner_text()
     page.locator("#step-play").click()
     page.wait_for_function("() => document.querySelector('#step-play').innerText.includes('play')")
+
+
+PLAYBACK = """() => { const root = document.querySelector('#playback .fe-play');
+    const shown = (t) => [Number(t.dataset.t), t.style.visibility !== 'hidden'];
+    return {clock: Number(root.dataset.clock), playing: root.dataset.playing,
+            panes: Array.from(root.querySelectorAll('.fe-play-side'),
+                              (pane) => Array.from(pane.querySelectorAll('.fe-ptok'), shown))}; }"""
+
+
+def test_the_replies_play_at_their_measured_speeds(app_url, page):
+    """After a run both replies play side by side on one clock: a token shows once the clock passes
+    the end of the step that emitted it (vanilla's one by one, the speculative ones in bursts); replay
+    at a quarter of the speed plays it again, slower."""
+    import time
+
+    url, _ = app_url
+    run_lookup(page, url, 24)
+    page.wait_for_function("() => document.querySelector('#playback .fe-play')?.dataset.playing === 'false'")
+    start = time.monotonic()
+    page.locator("#playback .fe-play-speed").select_option("0.25")  # a new speed plays it again
+    seen = []
+    while time.monotonic() - start < 90:
+        seen.append(page.evaluate(PLAYBACK))
+        if seen[-1]["playing"] == "false":
+            break
+        page.wait_for_timeout(100)
+    took = time.monotonic() - start
+    mid = [s for s in seen if s["playing"] == "true"]
+    assert len(mid) >= 3, seen[-1]
+    for state in seen:  # the clock and what is shown are set in one frame
+        for pane in state["panes"]:
+            assert all(shown == (t <= state["clock"]) for t, shown in pane), state
+    assert any(not all(shown for _, shown in pane) for s in mid for pane in s["panes"])  # it was mid-way
+    spec, van = seen[-1]["panes"]
+    assert seen[-1]["playing"] == "false" and all(shown for _, shown in spec + van)
+    assert len({t for t, _ in spec}) < len(spec)  # speculative tokens come in bursts, one per step
+    assert len({t for t, _ in van}) == len(van)  # vanilla's one at a time
+    total_s = max(t for t, _ in spec + van) / 1000
+    assert 4 * total_s * 0.9 <= took <= 4 * total_s + 10, (total_s, took)  # a quarter of the speed
+
+
+def test_presentation_mode(app_url, page):
+    """Large type, projector colours and the explainer beside the tree; a run brings the tree into
+    view."""
+    import app
+
+    url, _ = app_url
+    page.goto(url, wait_until="load")
+    assert not page.locator("#tree-side").is_visible()
+    page.locator("#present input[type=checkbox]").check()
+    page.wait_for_function("() => document.body.classList.contains('fe-present')")
+    page.wait_for_selector("#tree-side", state="visible")
+    assert "Reading the tree" in page.locator("#tree-side").inner_text()
+    assert "␣ a space" in page.locator("#glyphs").inner_text() and "↵ a newline" in page.locator("#glyphs").inner_text()
+    page.evaluate("() => window.scrollTo(0, 0)")
+    run_lookup(page, None, 12)
+    tree = _box(page, "#tree-plot")
+    assert 0 <= tree["t"] < page.viewport_size["height"] / 2, tree  # scrolled to the tree
+    sizes = page.evaluate("""() => { const p = document.querySelector('#tree-plot .js-plotly-plot');
+        return [p.layout.title.font.size, p.data.find(t => t.name === 'accepted').textfont.size]; }""")
+    assert sizes == [app.viz.LARGE.title_px, app.viz.LARGE.label_px]
+    chip = page.evaluate("() => getComputedStyle(document.querySelector('#spec-reply .fe-chip[data-depth=\"1\"]'))"
+                         ".backgroundColor")
+    r, g, b = (int(app.viz.tokens.PRESENT_COLORS[1][i:i + 2], 16) for i in (1, 3, 5))
+    assert chip == f"rgb({r}, {g}, {b})"
+    page.locator("#present input[type=checkbox]").uncheck()
+    page.wait_for_function("() => !document.body.classList.contains('fe-present')")
+    page.wait_for_function(f"() => document.querySelector('#tree-plot .js-plotly-plot')?.layout?.title?.font?.size"
+                           f" === {app.viz.NORMAL.title_px}")
+    page.wait_for_selector("#tree-side", state="hidden")
+
+
+def test_all_methods_on_one_prompt(app_url, page):
+    """Run all methods: a progress line while each decodes, then one table (a row per method and
+    vanilla) and one per-depth chart (a line per method), in the section that opens below the charts."""
+    import app
+
+    url, _ = app_url
+    page.goto(url, wait_until="load")
+    page.locator("#prompt textarea").fill(PROMPT)
+    num = page.locator("#max-new input[type=number]")
+    num.fill("8")
+    num.press("Enter")
+    page.locator("#compare").click()
+    status = "(document.querySelector('#compare-status')?.innerText || '')"
+    page.wait_for_function(f"() => {status}.includes('decoding with')")  # the progress line
+    page.wait_for_function(f"() => {status}.includes('decodes of')", timeout=300_000)
+    names = ["vanilla", *(m.label for m in app.ENGINE.available)]
+    rows = page.locator("#compare-table tbody tr").all_inner_texts()
+    assert [r.split("\t")[0].strip() for r in rows] == names, rows
+    assert all("✔ yes" in r for r in rows[1:]), rows  # greedy: every method writes vanilla's reply
+    page.wait_for_selector("#compare-plot .js-plotly-plot .scatterlayer")
+    assert [t["name"] for t in _plot_traces(page, "compare-plot")] == names[1:]
