@@ -153,10 +153,16 @@ def test_an_epoch_without_batches_stops_the_run(tiny, fx, tmp_path, monkeypatch)
 
 
 def test_the_shipped_training_configs_pass_the_checks():
-    files = sorted(ROOT.glob("assets/drafters/*/train*.json")) + sorted(ROOT.glob("assets/drafters/*/distill*.json"))
-    assert files
+    files = sorted(ROOT.glob("assets/drafters/*/configs/*.json"))
+    assert len(files) >= 3
     for f in files:
         TrainConfig(**read_config_file(f) | {"out": "x"}).check()
+    from fasteagle.train.recipe import load
+
+    recipes = sorted(ROOT.glob("assets/recipes/*.json"))
+    assert len(recipes) >= 2
+    for f in recipes:  # every drafter's settings in every recipe, checked as TrainConfig
+        load(f)
 
 
 def test_the_vocab_command_prints_one_line_as_a_process(tmp_path):
