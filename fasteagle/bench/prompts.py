@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from fasteagle.errors import FastEagleError
@@ -42,17 +43,25 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
         raise FastEagleError(f"{path} holds no prompts")
     if not limit:
         return rows
-    taken: dict[str, int] = {}
+    seen: Counter[str] = Counter()
+    kept = []
     for r in rows:
-        taken[r["category"]] = taken.get(r["category"], 0) + 1
-        r["keep"] = taken[r["category"]] <= limit
-    return [{k: v for k, v in r.items() if k != "keep"} for r in rows if r["keep"]]
+        seen[r["category"]] += 1
+        if seen[r["category"]] <= limit:
+            kept.append(r)
+    return kept
 
 
 def tuning_prompts(files: list[str], limit: int | None, n: int = 3) -> list[dict]:
     """Prompts for `--tree auto` to tune on: `n` from past each file's `--limit`, taken in turn from
     the files, so the budget is not picked on the prompts it is then measured on; the first `n`
     measured ones where the files hold no more."""
-    spare = [[p for p in load_prompts(f) if p not in load_prompts(f, limit)] if limit else [] for f in files]
+    spare = [_unmeasured(f, limit) if limit else [] for f in files]
     picked = [p for group in zip(*spare) for p in group] if all(spare) else [p for g in spare for p in g]
     return picked[:n] if len(picked) >= n else [p for f in files for p in load_prompts(f, limit)][:n]
+
+
+def _unmeasured(path: str, limit: int) -> list[dict]:
+    """The prompts of a file that `--limit` leaves out."""
+    measured = {p["id"] for p in load_prompts(path, limit)}
+    return [p for p in load_prompts(path) if p["id"] not in measured]

@@ -520,7 +520,15 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
     def out_of_time() -> bool:
         return bool(cfg.minutes) and time.monotonic() - t_train > cfg.minutes * 60
 
+    unread = 0  # reply tokens of the steps since progress.tokens was last brought up to date, on the device:
+    # reading them every step would wait for the GPU every step
+
+    def count_tokens() -> None:
+        nonlocal unread
+        progress.tokens, unread = progress.tokens + int(unread), 0
+
     def checkpoint() -> None:
+        count_tokens()
         save_checkpoint(accel, run.out / "checkpoint",
                         {"step": progress.step, "epoch": progress.epoch, "in_epoch": progress.in_epoch,
                          "train_seconds": round(time.monotonic() - t_train, 3), "tokens": progress.tokens})
@@ -539,9 +547,10 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
             opt.step()
             opt.zero_grad(set_to_none=True)
             progress.step += 1
-            progress.tokens += int(batch.loss_mask.sum())
+            unread = unread + batch.loss_mask.sum()
             bar.update(1)
             if progress.step % 10 == 0:
+                count_tokens()
                 progress.history.append({"step": progress.step, "tokens": progress.tokens,
                                          "loss": float(loss.detach())} | stats)
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc1=f"{stats.get('acc1', 0):.2f}")
@@ -557,6 +566,7 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
             progress.epoch, progress.in_epoch = progress.epoch + 1, 0
             done = out_of_time()
     bar.close()
+    count_tokens()
     if progress.step > start and progress.step % cfg.checkpoint_every:
         checkpoint()
     progress.trained_s = time.monotonic() - t_train
