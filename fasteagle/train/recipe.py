@@ -246,9 +246,21 @@ def train_to(recipe: Recipe, target, out: Path, name: str, steps: int) -> Path:
     return snap
 
 
-def bench_runs(recipe: Recipe, out: Path) -> list[tuple[Path, list[str]]]:
-    """(result file, bench arguments) of every measurement: per budget the pair at its auto trees
-    (vanilla beside it) and at the paper's tree; per budget of every other drafter, it beside vanilla."""
+@dataclass
+class BenchRun:
+    """One measurement of the eval stage: the drafters it runs (by recipe name, cascade first), at which
+    budget, on which tree ("auto" or "paper"), its bench arguments and its result file."""
+
+    result: Path
+    args: list[str]
+    names: list[str]
+    steps: int
+    tree: str
+
+
+def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
+    """Every measurement: per budget the pair at its auto trees (vanilla beside it) and at the paper's
+    tree; per budget of every other drafter, it beside vanilla."""
     e = recipe.eval
     common = ["--prompts", ",".join(e.get("prompts", ["assets/prompts/sharegpt_holdout.jsonl"])),
               "--limit", str(e.get("limit", 8)), "--max-new-tokens", str(e.get("max_new_tokens", 64))]
@@ -256,30 +268,29 @@ def bench_runs(recipe: Recipe, out: Path) -> list[tuple[Path, list[str]]]:
     cascade, eagle3 = recipe.pair
     runs = []
     for steps in recipe.budgets:
-        a, b = out / cascade / f"at-{steps}", out / eagle3 / f"at-{steps}"
-        pair = ["--drafter", str(a), "--eagle3-drafter", str(b)]
-        runs.append((out / "eval" / f"pair-at-{steps}.json",
-                     common + pair + ["--methods", "vanilla,fasteagle,eagle3", "--tree", "auto"]))
-        runs.append((out / "eval" / f"paper-at-{steps}.json",
-                     common + pair + ["--methods", "vanilla,fasteagle,eagle3",
-                                      "--tree-budget", str(e.get("paper_budget", 60))]))
+        pair = ["--drafter", str(out / cascade / f"at-{steps}"), "--eagle3-drafter", str(out / eagle3 / f"at-{steps}"),
+                "--methods", "vanilla,fasteagle,eagle3"]
+        runs.append(BenchRun(out / "eval" / f"pair-at-{steps}.json", common + pair + ["--tree", "auto"],
+                             recipe.pair, steps, "auto"))
+        runs.append(BenchRun(out / "eval" / f"paper-at-{steps}.json",
+                             common + pair + ["--tree-budget", str(e.get("paper_budget", 60))],
+                             recipe.pair, steps, "paper"))
     for name in recipe.drafters:
         if name in recipe.pair:
             continue
         for steps in recipe.budgets_of(name):
-            runs.append((out / "eval" / f"{name}-at-{steps}.json",
-                         common + ["--drafter", str(out / name / f"at-{steps}"), "--methods", "vanilla,fasteagle",
-                                   "--tree", "auto"]))
+            runs.append(BenchRun(out / "eval" / f"{name}-at-{steps}.json",
+                                 common + ["--drafter", str(out / name / f"at-{steps}"),
+                                           "--methods", "vanilla,fasteagle", "--tree", "auto"], [name], steps, "auto"))
     return runs
 
 
 def evaluate(recipe: Recipe, out: Path) -> None:
     """Every bench run whose drafters are saved and whose result is not written yet, one process each."""
-    for result, args in bench_runs(recipe, out):
-        drafters = [Path(args[i + 1]) for i, a in enumerate(args) if a in ("--drafter", "--eagle3-drafter")]
-        if result.exists() or not all((d / "config.json").exists() for d in drafters):
+    for r in bench_runs(recipe, out):
+        if r.result.exists() or not all((out / n / f"at-{r.steps}" / "config.json").exists() for n in r.names):
             continue
-        cmd = [sys.executable, "-m", "fasteagle", "bench", *args, "--out", str(result)]
+        cmd = [sys.executable, "-m", "fasteagle", "bench", *r.args, "--out", str(r.result)]
         print("eval:", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
 
@@ -287,37 +298,33 @@ def evaluate(recipe: Recipe, out: Path) -> None:
 def curves(recipe: Recipe, out: Path) -> dict:
     """The measured points: per drafter and budget, what it was trained on and what bench measured."""
     points: dict[str, list[dict]] = {name: [] for name in recipe.drafters}
-    for result, _ in bench_runs(recipe, out):
-        if not result.exists():
+    for r in bench_runs(recipe, out):
+        if not r.result.exists():
             continue
-        doc, kind = json.loads(result.read_text()), result.name.split("-at-")[0]
-        steps = int(result.stem.split("-at-")[1])
-        names = recipe.pair if kind in ("pair", "paper") else [kind]
-        for name, method in zip(names, ("fasteagle", "eagle3")):
-            m, info = doc["methods"][method], _training(out / name / f"at-{steps}")
-            point = _point(points[name], steps, info)
-            key = "paper_tree" if kind == "paper" else "auto_tree"
-            point[key] = {"tau": m.get("tau"), "tokens_per_s": m.get("tokens_per_s"),
-                          "speedup_vs_vanilla": m.get("speedup_vs_vanilla"), "draft_ms": m.get("draft_ms"),
-                          "depth_acceptance": m.get("depth_acceptance"),
-                          "tree_budget": _budget(doc["settings"].get("tree_budget"), method),
-                          "identical": m.get("identical_to_vanilla"), "prompts": m.get("prompts"),
-                          "result": str(result), "command": doc.get("command")}
+        doc = json.loads(r.result.read_text())
+        for name, method in zip(r.names, ("fasteagle", "eagle3")):
+            m = doc["methods"][method]
+            point = _point(points[name], r.steps, out / name / f"at-{r.steps}")
+            point[f"{r.tree}_tree"] = {
+                "tau": m.get("tau"), "tokens_per_s": m.get("tokens_per_s"),
+                "speedup_vs_vanilla": m.get("speedup_vs_vanilla"), "draft_ms": m.get("draft_ms"),
+                "depth_acceptance": m.get("depth_acceptance"),
+                "tree_budget": _budget(doc["settings"].get("tree_budget"), method),
+                "identical": m.get("identical_to_vanilla"), "prompts": m.get("prompts"),
+                "result": str(r.result), "command": doc.get("command")}
     return {name: sorted(p, key=lambda x: x["steps"]) for name, p in points.items()}
 
 
-def _point(points: list[dict], steps: int, info: dict) -> dict:
+def _point(points: list[dict], steps: int, snap: Path) -> dict:
+    """The point of `points` at `steps`, made from the snapshot's training record the first time."""
     for p in points:
         if p["steps"] == steps:
             return p
+    info = json.loads((snap / "config.json").read_text()).get("training", {})
     points.append({"steps": steps, "tokens_trained": info.get("tokens_trained"),
                    "train_minutes": info.get("train_minutes"), "device": info.get("device"),
                    "lr": info.get("lr"), "kind": info.get("drafter")})
     return points[-1]
-
-
-def _training(snap: Path) -> dict:
-    return json.loads((snap / "config.json").read_text()).get("training", {})
 
 
 def _budget(budget, method: str):
@@ -330,7 +337,7 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     from fasteagle.bench.plots import equal_training_charts
 
     points = curves(recipe, out)
-    measured = [r for r, _ in bench_runs(recipe, out) if r.exists()]
+    measured = [r.result for r in bench_runs(recipe, out) if r.result.exists()]
     if not measured:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
     device = json.loads(measured[0].read_text()).get("device")
