@@ -116,7 +116,8 @@ def _from_conversation(conv: Conversation) -> Iterator[tuple[str, str, str]]:
     if not conv.continued and _question(first):
         yield "qa", first, first
     replies = [(i, text) for i, (role, text) in enumerate(conv.turns) if role == "assistant"]
-    lang = LANGUAGES[int(hashlib.sha256(conv.id.encode()).hexdigest(), 16) % len(LANGUAGES)]
+    pick = int(hashlib.sha256(conv.id.encode()).hexdigest(), 16)  # this chat's language and long task
+    lang = LANGUAGES[pick % len(LANGUAGES)]
     paragraph = next(((p, text) for _, text in replies for p in _paragraphs(text)), None)
     if paragraph:
         yield "translation", TRANSLATE.format(lang=lang, text=paragraph[0]), paragraph[1]
@@ -130,8 +131,7 @@ def _from_conversation(conv: Conversation) -> Iterator[tuple[str, str, str]]:
             break
     long_doc = "\n\n".join(text.strip() for _, text in replies if _prose(text))
     if 6000 <= len(long_doc) <= 16000:
-        task = LONG[int(hashlib.sha256(conv.id.encode()).hexdigest(), 16) % len(LONG)]
-        yield "long", task.format(text=long_doc), long_doc
+        yield "long", LONG[pick % len(LONG)].format(text=long_doc), long_doc
 
 
 def math_prompts(n: int, seed: int) -> list[dict]:
