@@ -459,18 +459,16 @@ def _fmt_stats(side: str, tr: dict | None, spent: float, method: str = "") -> st
     tps = tokens / spent if spent > 0 else 0.0
     if side == "vanilla":
         return f"**vanilla** · {tokens} tokens · {spent:.2f} s · **{tps:.1f} tokens/s**"
-    tau = (tokens - 1) / tr["forwards"] if tr.get("forwards") else 0.0
+    tau = trace.tau(tokens - 1, int(tr.get("forwards") or 0))  # the prefill's token has no verify step
     return (f"**{method}** · step {tr.get('step', 0)} · {tokens} tokens · τ {tau:.2f} · {spent:.2f} s · "
             f"**{tps:.1f} tokens/s**")
 
 
 def badge_html(spec_tokens: list[int], van_tokens: list[int], greedy: bool, dtype: str) -> str:
-    n = min(len(spec_tokens), len(van_tokens))
-    same = spec_tokens == van_tokens
-    if same:
+    first = trace.first_difference(spec_tokens, van_tokens)
+    if first is None:
         return (f'<div class="badge ok" data-identical="true">✔ identical outputs: speculative = vanilla '
                 f"({len(spec_tokens)} tokens)</div>")
-    first = next((i for i in range(n) if spec_tokens[i] != van_tokens[i]), n)
     if greedy:
         why = ("in half precision a tree forward can flip near-tie argmaxes" if dtype in ("bfloat16", "float16")
                else "greedy decoding must match: this is a bug")
@@ -516,14 +514,13 @@ def compare_markdown(runs: dict[str, tuple[list[dict], float]], greedy: bool) ->
     target forwards, τ and tokens/s from `trace.run_summary`, and whether each reply is vanilla's."""
     van_traces, van_s = runs["vanilla"]
     van = trace.run_summary(van_traces, van_s)
-    van_toks = [t for tr in van_traces for t in tr["tokens"]]
+    van_toks = trace.reply_tokens(van_traces)
     lines = ["| method | target forwards | τ | tokens/s | × vanilla | identical to vanilla |",
              "|---|---:|---:|---:|---:|---|"]
     for name, (traces, secs) in runs.items():
         s = trace.run_summary(traces, secs)
-        toks = [t for tr in traces for t in tr["tokens"]]
-        first = next((i for i, (a, b) in enumerate(zip(toks, van_toks)) if a != b), min(len(toks), len(van_toks)))
-        same = ("–" if name == "vanilla" else "✔ yes" if toks == van_toks
+        first = trace.first_difference(trace.reply_tokens(traces), van_toks)
+        same = ("–" if name == "vanilla" else "✔ yes" if first is None
                 else f"✘ no, from token {first}" + ("" if greedy else " (sampling: expected)"))
         speed = s["tokens_per_s"] / van["tokens_per_s"] if van["tokens_per_s"] > 0 else 0.0
         lines.append(f"| {name} | {s['forwards']} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {speed:.2f}× | "
@@ -931,9 +928,8 @@ class Handlers:
         if van:
             upd[ui.van_stats] = _fmt_stats("vanilla", van["traces"][-1], v_sum["wall_s"])
             upd[ui.van_reply] = viz.spans_html(spans_from_json(van.get("spans") or []), legend=False)
-            s_toks = [t for tr in traces for t in tr["tokens"]]
-            v_toks = [t for tr in van["traces"] for t in tr["tokens"]]
-            upd[ui.badge] = badge_html(s_toks, v_toks, float(meta.get("temperature", 0)) <= 0, meta.get("dtype", ""))
+            upd[ui.badge] = badge_html(trace.reply_tokens(traces), trace.reply_tokens(van["traces"]),
+                                       float(meta.get("temperature", 0)) <= 0, meta.get("dtype", ""))
         else:
             upd[ui.van_stats] = "**vanilla** · not in this trace"
             upd[ui.van_reply] = viz.spans_html([], legend=False, empty="no vanilla decode in this trace")

@@ -93,6 +93,19 @@ def accepted_lengths(steps: Iterable[Step]) -> list[int]:
     return [max(len(_get(s, "path") or [0]) - 1, 0) for s in decode_steps(steps)]
 
 
+def reply_tokens(steps: Iterable[Step]) -> list[int]:
+    """The reply a decode emitted, token by token: every step's tokens in order (the prefill's first)."""
+    return [int(t) for s in steps for t in (_get(s, "tokens") or [])]
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Where two replies part: the first index at which they differ, or where the shorter one ends
+    (None when they are equal)."""
+    if list(a) == list(b):
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def histogram(lengths: Sequence[int], first: int) -> list[int]:
     """How many of `lengths` are first, first + 1, ... up to the largest (one zero bin if none)."""
     return [lengths.count(n) for n in range(first, max(lengths, default=first) + 1)]

@@ -22,10 +22,12 @@ from fasteagle.trace import (
     depth_acceptance,
     depth_counts,
     depth_rates,
+    first_difference,
     greedy_walk,
     histogram,
     replay_budget,
     replay_walk,
+    reply_tokens,
     run_summary,
     step_lengths,
     tau,
@@ -78,6 +80,16 @@ def test_tau_is_tokens_per_target_forward_without_the_prefill_token():
     last = StepTrace.from_dict(decode()[-1])
     assert last.tau == (7 - 1) / 3 and last.to_dict()["tau"] == last.tau
     assert StepTrace.from_dict(decode()[0]).tau == 0.0  # the prefill: no forward yet
+
+
+@pytest.mark.parametrize("as_objects", [False, True])
+def test_reply_tokens_and_where_two_replies_part(as_objects):
+    steps = [StepTrace.from_dict(d) for d in decode()] if as_objects else decode()
+    reply = reply_tokens(steps)
+    assert reply == [7, 11, 12, 13, 14, 15, 16]  # the prefill's token first, then every step's
+    assert first_difference(reply, list(reply)) is None
+    assert first_difference(reply, reply[:3] + [0] + reply[4:]) == 3
+    assert first_difference(reply, reply[:5]) == 5 and first_difference([], [1]) == 0  # one ends early
 
 
 def test_accepted_length_histogram():
