@@ -253,6 +253,16 @@ def _equal_training_table(doc: dict) -> str:
             f"each measured against vanilla on {', '.join(Path(x).name for x in r.get('eval', {}).get('prompts', []))}"
             f" at its own `--tree auto` budget and at the paper's tree; the pair: {' vs '.join(doc.get('pair', []))}"
             "\n\n")
+    rows = doc.get("head_to_head") or []
+    if rows:
+        a, b = doc["pair"]
+        lines += ["", f"Each at its best tree (the higher speed-up over its run's vanilla), {a} over {b}:", "",
+                  f"| steps | tokens trained | {a}: tree, speed-up, τ | {b}: tree, speed-up, τ | speed-up ratio "
+                  "| τ ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['steps']} | {r.get('tokens_trained') or '–'} | "
+                  + " | ".join(f"{r[n]['tree']} ({r[n]['tree_budget']}), {r[n]['speedup']:.2f}x, {r[n]['tau']:.2f}"
+                               for n in (a, b))
+                  + f" | {r['speed_ratio']:.2f}x | {r['tau_ratio']:.2f} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
 

@@ -315,6 +315,35 @@ def curves(recipe: Recipe, out: Path) -> dict:
     return {name: sorted(p, key=lambda x: x["steps"]) for name, p in points.items()}
 
 
+def head_to_head(points: dict[str, list[dict]], pair: list[str]) -> list[dict]:
+    """Per budget both drafters of the pair, each at its best tree (the higher speed-up over the vanilla
+    of its own run, auto or paper tree), and the cascade's speed-up and tau over the other's."""
+    rows = []
+    other = {p["steps"]: p for p in points.get(pair[1], [])}
+    for a in points.get(pair[0], []):
+        b = other.get(a["steps"])
+        best = [_best_tree(p) for p in (a, b)] if b else []
+        if len(best) < 2 or None in best:
+            continue
+        (ta, ma), (tb, mb) = best
+        rows.append({"steps": a["steps"], "tokens_trained": a.get("tokens_trained"),
+                     pair[0]: {"tree": ta, "tree_budget": ma["tree_budget"], "speedup": ma["speedup_vs_vanilla"],
+                               "tau": ma["tau"]},
+                     pair[1]: {"tree": tb, "tree_budget": mb["tree_budget"], "speedup": mb["speedup_vs_vanilla"],
+                               "tau": mb["tau"]},
+                     "speed_ratio": ma["speedup_vs_vanilla"] / mb["speedup_vs_vanilla"],
+                     "tau_ratio": ma["tau"] / mb["tau"]})
+    return rows
+
+
+def _best_tree(point: dict) -> tuple[str, dict] | None:
+    """The tree ("auto" or "paper") at which a point decoded fastest against its run's vanilla, and its
+    measurement."""
+    measured = [(t, point[f"{t}_tree"]) for t in ("auto", "paper")
+                if (point.get(f"{t}_tree") or {}).get("speedup_vs_vanilla")]
+    return max(measured, key=lambda tm: tm[1]["speedup_vs_vanilla"]) if measured else None
+
+
 def _point(points: list[dict], steps: int, snap: Path) -> dict:
     """The point of `points` at `steps`, made from the snapshot's training record the first time."""
     for p in points:
@@ -341,7 +370,8 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     if not measured:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
     device = json.loads(measured[0].read_text()).get("device")
-    doc = {"equal_training": points, "pair": recipe.pair, "recipe": dataclasses.asdict(recipe),
+    doc = {"equal_training": points, "pair": recipe.pair, "head_to_head": head_to_head(points, recipe.pair),
+           "recipe": dataclasses.asdict(recipe),
            "tune": tuned(out), "device": device, "command": _command()}
     path = Path(dest or out / "equal-training.json")
     write_text(path, json.dumps(doc, indent=2))

@@ -83,8 +83,16 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
             assert p["auto_tree"]["identical"] == 2  # lossless, both prompts
             assert p["auto_tree"]["command"].startswith("python -m fasteagle bench")
     assert points["cascade"][1]["tokens_trained"] == points["eagle"][1]["tokens_trained"] > 0
+    for row in doc["head_to_head"]:  # each drafter at the tree where it was fastest against vanilla
+        best = {n: max((p[f"{t}_tree"] for t in ("auto", "paper")), key=lambda m: m["speedup_vs_vanilla"])
+                for n in ("cascade", "eagle") for p in points[n] if p["steps"] == row["steps"]}
+        assert row["speed_ratio"] == pytest.approx(best["cascade"]["speedup_vs_vanilla"]
+                                                   / best["eagle"]["speedup_vs_vanilla"])
+        assert row["tau_ratio"] == pytest.approx(best["cascade"]["tau"] / best["eagle"]["tau"])
+    assert [r["steps"] for r in doc["head_to_head"]] == [10, 20]
     table = (tmp_path / "report.md").read_text()
     assert "| cascade | 20 |" in table and "| eagle | 10 |" in table
+    assert "cascade over eagle" in table and f"| {doc['head_to_head'][1]['speed_ratio']:.2f}x |" in table
     assert (tmp_path / "report.html").stat().st_size > 1000
     # a rerun finds everything on disk: nothing is trained or measured again
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.suffix in (".safetensors", ".json", ".pt")}
