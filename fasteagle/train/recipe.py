@@ -288,18 +288,29 @@ def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
 def evaluate(recipe: Recipe, out: Path) -> None:
     """Every bench run whose drafters are saved and whose result is not written yet, one process each."""
     for r in bench_runs(recipe, out):
-        if r.result.exists() or not all((out / n / f"at-{r.steps}" / "config.json").exists() for n in r.names):
+        if _measured(r) or not all((out / n / f"at-{r.steps}" / "config.json").exists() for n in r.names):
             continue
         cmd = [sys.executable, "-m", "fasteagle", "bench", *r.args, "--out", str(r.result)]
         print("eval:", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
 
 
+def _measured(run: BenchRun) -> bool:
+    """Whether a bench run's result is on disk whole: a bench stopped early (the recipe interrupted) leaves
+    the prompts it measured, marked "partial", and the rerun measures them all again."""
+    if not run.result.exists():
+        return False
+    try:
+        return "partial" not in json.loads(run.result.read_text())
+    except ValueError:
+        return False
+
+
 def curves(recipe: Recipe, out: Path) -> dict:
     """The measured points: per drafter and budget, what it was trained on and what bench measured."""
     points: dict[str, list[dict]] = {name: [] for name in recipe.drafters}
     for r in bench_runs(recipe, out):
-        if not r.result.exists():
+        if not _measured(r):
             continue
         doc = json.loads(r.result.read_text())
         for name, method in zip(r.names, ("fasteagle", "eagle3")):
@@ -366,7 +377,7 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     from fasteagle.bench.plots import equal_training_charts
 
     points = curves(recipe, out)
-    measured = [r.result for r in bench_runs(recipe, out) if r.result.exists()]
+    measured = [r.result for r in bench_runs(recipe, out) if _measured(r)]
     if not measured:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
     device = json.loads(measured[0].read_text()).get("device")

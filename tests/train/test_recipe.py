@@ -100,6 +100,11 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     assert recipe_mod.main([str(path), "--stages", "prompts,data,tune,train,eval"]) == 0
     assert "eval:" not in capsys.readouterr().out
     assert stamp == {p: p.stat().st_mtime_ns for p in stamp}
+    # a bench the recipe's interruption cut short leaves a partial file: the rerun measures it again
+    cut = out / "eval" / "pair-at-10.json"
+    cut.write_text(json.dumps(json.loads(cut.read_text()) | {"partial": {"prompts_done": 1, "prompts": 2}}))
+    assert recipe_mod.main([str(path), "--stages", "eval"]) == 0
+    assert capsys.readouterr().out.count("eval:") == 1 and "partial" not in json.loads(cut.read_text())
 
 
 @pytest.mark.parametrize("change, word", [
