@@ -223,12 +223,17 @@ def tuned_lr(recipe: Recipe, out: Path, name: str) -> float | None:
     return next((chosen[n]["lr"] for n in [name, *same] if n in chosen), None)
 
 
+def snapshot(out: Path, name: str, steps: int) -> Path:
+    """Where drafter `name` is saved after `steps` optimizer steps."""
+    return out / name / f"at-{steps}"
+
+
 def train_to(recipe: Recipe, target, out: Path, name: str, steps: int) -> Path:
     """Drafter `name` trained to `steps` optimizer steps (on from its last checkpoint), its weights and
     config copied to OUT/<name>/at-<steps> once there."""
     from fasteagle.train.trainer import train
 
-    snap = out / name / f"at-{steps}"
+    snap = snapshot(out, name, steps)
     if (snap / "config.json").exists():
         return snap
     lr = tuned_lr(recipe, out, name)
@@ -268,7 +273,7 @@ def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
     cascade, eagle3 = recipe.pair
     runs = []
     for steps in recipe.budgets:
-        pair = ["--drafter", str(out / cascade / f"at-{steps}"), "--eagle3-drafter", str(out / eagle3 / f"at-{steps}"),
+        pair = ["--drafter", str(snapshot(out, cascade, steps)), "--eagle3-drafter", str(snapshot(out, eagle3, steps)),
                 "--methods", "vanilla,fasteagle,eagle3"]
         runs.append(BenchRun(out / "eval" / f"pair-at-{steps}.json", common + pair + ["--tree", "auto"],
                              recipe.pair, steps, "auto"))
@@ -280,7 +285,7 @@ def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
             continue
         for steps in recipe.budgets_of(name):
             runs.append(BenchRun(out / "eval" / f"{name}-at-{steps}.json",
-                                 common + ["--drafter", str(out / name / f"at-{steps}"),
+                                 common + ["--drafter", str(snapshot(out, name, steps)),
                                            "--methods", "vanilla,fasteagle", "--tree", "auto"], [name], steps, "auto"))
     return runs
 
@@ -288,34 +293,33 @@ def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
 def evaluate(recipe: Recipe, out: Path) -> None:
     """Every bench run whose drafters are saved and whose result is not written yet, one process each."""
     for r in bench_runs(recipe, out):
-        if _measured(r) or not all((out / n / f"at-{r.steps}" / "config.json").exists() for n in r.names):
+        if _result(r) is not None or not all((snapshot(out, n, r.steps) / "config.json").exists() for n in r.names):
             continue
         cmd = [sys.executable, "-m", "fasteagle", "bench", *r.args, "--out", str(r.result)]
         print("eval:", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
 
 
-def _measured(run: BenchRun) -> bool:
-    """Whether a bench run's result is on disk whole: a bench stopped early (the recipe interrupted) leaves
+def _result(run: BenchRun) -> dict | None:
+    """A bench run's result, if it is on disk whole: a bench stopped early (the recipe interrupted) leaves
     the prompts it measured, marked "partial", and the rerun measures them all again."""
-    if not run.result.exists():
-        return False
     try:
-        return "partial" not in json.loads(run.result.read_text())
-    except ValueError:
-        return False
+        doc = json.loads(run.result.read_text())
+    except (OSError, ValueError):
+        return None
+    return None if "partial" in doc else doc
 
 
 def curves(recipe: Recipe, out: Path) -> dict:
     """The measured points: per drafter and budget, what it was trained on and what bench measured."""
     points: dict[str, list[dict]] = {name: [] for name in recipe.drafters}
     for r in bench_runs(recipe, out):
-        if not _measured(r):
+        doc = _result(r)
+        if doc is None:
             continue
-        doc = json.loads(r.result.read_text())
         for name, method in zip(r.names, ("fasteagle", "eagle3")):
             m = doc["methods"][method]
-            point = _point(points[name], r.steps, out / name / f"at-{r.steps}")
+            point = _point(points[name], r.steps, snapshot(out, name, r.steps))
             point[f"{r.tree}_tree"] = {
                 "tau": m.get("tau"), "tokens_per_s": m.get("tokens_per_s"),
                 "speedup_vs_vanilla": m.get("speedup_vs_vanilla"), "draft_ms": m.get("draft_ms"),
@@ -332,18 +336,15 @@ def head_to_head(points: dict[str, list[dict]], pair: list[str]) -> list[dict]:
     rows = []
     other = {p["steps"]: p for p in points.get(pair[1], [])}
     for a in points.get(pair[0], []):
-        b = other.get(a["steps"])
-        best = [_best_tree(p) for p in (a, b)] if b else []
-        if len(best) < 2 or None in best:
+        best = [_best_tree(a), _best_tree(other.get(a["steps"], {}))]
+        if None in best:
             continue
-        (ta, ma), (tb, mb) = best
-        rows.append({"steps": a["steps"], "tokens_trained": a.get("tokens_trained"),
-                     pair[0]: {"tree": ta, "tree_budget": ma["tree_budget"], "speedup": ma["speedup_vs_vanilla"],
-                               "tau": ma["tau"]},
-                     pair[1]: {"tree": tb, "tree_budget": mb["tree_budget"], "speedup": mb["speedup_vs_vanilla"],
-                               "tau": mb["tau"]},
-                     "speed_ratio": ma["speedup_vs_vanilla"] / mb["speedup_vs_vanilla"],
-                     "tau_ratio": ma["tau"] / mb["tau"]})
+        (_, ma), (_, mb) = best
+        rows.append({"steps": a["steps"], "tokens_trained": a.get("tokens_trained")}
+                    | {name: {"tree": tree, "tree_budget": m["tree_budget"], "speedup": m["speedup_vs_vanilla"],
+                              "tau": m["tau"]} for name, (tree, m) in zip(pair, best)}
+                    | {"speed_ratio": ma["speedup_vs_vanilla"] / mb["speedup_vs_vanilla"],
+                       "tau_ratio": ma["tau"] / mb["tau"]})
     return rows
 
 
@@ -377,10 +378,10 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     from fasteagle.bench.plots import equal_training_charts
 
     points = curves(recipe, out)
-    measured = [r.result for r in bench_runs(recipe, out) if _measured(r)]
-    if not measured:
+    measured = next((doc for doc in map(_result, bench_runs(recipe, out)) if doc is not None), None)
+    if measured is None:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
-    device = json.loads(measured[0].read_text()).get("device")
+    device = measured.get("device")
     doc = {"equal_training": points, "pair": recipe.pair, "head_to_head": head_to_head(points, recipe.pair),
            "recipe": dataclasses.asdict(recipe),
            "tune": tuned(out), "device": device, "command": _command()}
