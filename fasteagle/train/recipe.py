@@ -123,20 +123,7 @@ def build_prompts(recipe: Recipe, target, path: Path) -> None:
 
     if path.exists():
         return
-    tok, limit, parts = target.tokenizer, recipe.max_prompt_tokens, []
-    categories = {c: n for c, n in recipe.prompts.items() if c in tasks.CATEGORIES + tasks.TRAIN_ONLY}
-    if categories:
-        found = tasks.category_prompts(max(categories.values()), "train", categories=tuple(categories))
-        records = [{"id": p["id"], "prompt": p["turns"][0]} for c, n in categories.items()
-                   for p in [q for q in found if q["category"] == c][:n]]
-        parts.append(data_mod.build_text_prompt_dataset(tok, records, limit))
-    if recipe.prompts.get("chat"):
-        chat = data_mod.build_prompt_dataset(tok, "train", limit)
-        parts.append({k: v[: recipe.prompts["chat"]] for k, v in chat.items()})
-    if recipe.prompts.get("code"):
-        code = data_mod.build_text_prompt_dataset(tok, data_mod.library_code_prompts(), limit)
-        parts.append({k: v[: recipe.prompts["code"]] for k, v in code.items()})
-    prompts = data_mod.join_token_datasets(*parts)
+    prompts = tasks.prompt_dataset(target.tokenizer, recipe.prompts, recipe.max_prompt_tokens)
     print(f"prompts: {len(prompts['prompt_ids'])} ({', '.join(f'{s} {n}' for s, n in recipe.prompts.items())})")
     data_mod.save_token_dataset(prompts, path)
 

@@ -168,5 +168,72 @@ def write_eval_file(out: str | Path = "assets/prompts/tasks_holdout.jsonl", n: i
     return Path(out)
 
 
+def prompt_dataset(tokenizer, counts: dict[str, int], max_prompt_tokens: int = 2048,
+                   path: str | Path | None = None) -> dict[str, list]:
+    """The prompt-only token dataset a target will answer (self-distillation): the first `counts[source]`
+    train prompts of each source, a category above (long included), "chat" (ShareGPT) or "code" (library
+    functions); prompts over `max_prompt_tokens` tokens are left out. `path`: another ShareGPT file."""
+    from fasteagle.train import data as data_mod
+
+    parts, categories = [], {c: n for c, n in counts.items() if c in CATEGORIES + TRAIN_ONLY}
+    if categories:
+        found = category_prompts(max(categories.values()), "train", path, categories=tuple(categories))
+        records = [{"id": p["id"], "prompt": p["turns"][0]} for c, n in categories.items()
+                   for p in [q for q in found if q["category"] == c][:n]]
+        parts.append(data_mod.build_text_prompt_dataset(tokenizer, records, max_prompt_tokens))
+    if counts.get("chat"):
+        chat = data_mod.build_prompt_dataset(tokenizer, "train", max_prompt_tokens)
+        parts.append({k: v[: counts["chat"]] for k, v in chat.items()})
+    if counts.get("code"):
+        code = data_mod.build_text_prompt_dataset(tokenizer, data_mod.library_code_prompts(), max_prompt_tokens)
+        parts.append({k: v[: counts["code"]] for k, v in code.items()})
+    return data_mod.join_token_datasets(*parts)
+
+
+def _counts(text: str) -> dict[str, int]:
+    """"translation=200,chat=100" -> {"translation": 200, "chat": 100}, every name and number checked."""
+    from fasteagle.errors import FastEagleError
+
+    out = {}
+    for part in text.split(","):
+        name, _, n = part.partition("=")
+        if name not in CATEGORIES + TRAIN_ONLY + ("chat", "code") or not n.isdigit() or int(n) < 1:
+            raise FastEagleError(f"--counts: {part!r} is not SOURCE=N with N >= 1 and SOURCE one of "
+                             f"{', '.join(CATEGORIES + TRAIN_ONLY + ('chat', 'code'))}")
+        out[name] = int(n)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fasteagle.errors import Parser, run_command
+
+    parser = Parser(prog="python -m fasteagle.train.tasks",
+                    description="Write the per-category evaluation file, or (--prompts-out) a training prompt set.")
+    parser.add_argument("--out", default="assets/prompts/tasks_holdout.jsonl", help="the evaluation file")
+    parser.add_argument("--prompts-out", default=None, help="write a prompt-only token dataset of train prompts")
+    parser.add_argument("--counts", default="translation=100,summarization=100,qa=100,math=100,rag=100",
+                        help="with --prompts-out: SOURCE=N,...: categories, long, chat, code")
+    parser.add_argument("--max-prompt-tokens", type=int, default=2048)
+    args = parser.parse_args(argv)
+
+    def go() -> int:
+        from fasteagle.files import check_writable
+
+        if args.prompts_out is None:
+            print(f"wrote {write_eval_file(args.out)}")
+            return 0
+        counts = _counts(args.counts)
+        check_writable(args.prompts_out, "--prompts-out")
+        from fasteagle.target import load_target
+        from fasteagle.train.data import save_token_dataset
+
+        data = prompt_dataset(load_target(None, device="cpu").tokenizer, counts, args.max_prompt_tokens)
+        save_token_dataset(data, args.prompts_out)
+        print(f"wrote {len(data['ids'])} prompts to {args.prompts_out}")
+        return 0
+
+    return run_command(go)
+
+
 if __name__ == "__main__":
-    print(f"wrote {write_eval_file()}")
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`train`, `python -m fasteagle.train.vocab` and `python -m fasteagle.train.data` on bad inputs: exit
+"""`train` and `python -m fasteagle.train.vocab`, `.data` and `.tasks` on bad inputs: exit
 code 2, one line `error: ...`, no traceback, nothing written (the harness of tests/test_bad_inputs.py).
 
 Placeholders beside the harness's: {fx} is a folder of tiny training inputs (a token dataset of 8
@@ -21,12 +21,12 @@ import torch
 from fasteagle import cli
 from fasteagle.errors import FastEagleError
 from fasteagle.train import data as data_mod
-from fasteagle.train import vocab
+from fasteagle.train import tasks, vocab
 from fasteagle.train.trainer import TrainConfig, read_config_file
 from tests.test_bad_inputs import READ_ONLY, ROOT, assert_one_line_error, bad_dir, run_main, tiny_dir  # noqa: F401
 from tests.train import test_trainer, test_vocab
 
-MAINS = {"train": cli.main, "vocab": vocab.main, "data": data_mod.main}
+MAINS = {"train": cli.main, "vocab": vocab.main, "data": data_mod.main, "tasks": tasks.main}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,10 @@ ROWS = [
     ("data", [], "nothing to do"),
     ("data", ["--prompts-out", "{tmp}/p.pt", "--from", "{tmp}/missing.pt"], "token dataset"),
     ("data", ["--prompts-out", "{ro}", "--from", "{fx}/data.pt"], "not writable"),
+    ("tasks", ["--prompts-out", "{tmp}/p.pt", "--counts", "poetry=5"], "--counts"),
+    ("tasks", ["--prompts-out", "{tmp}/p.pt", "--counts", "math=0"], "--counts"),
+    ("tasks", ["--prompts-out", "{ro}"], "not writable"),
+    ("tasks", ["--prompts-out", "{bad}/a_file/p.pt"], "a file"),
 ]
 
 

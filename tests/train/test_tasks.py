@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fasteagle.errors import FastEagleError
 from fasteagle.train import tasks
 from fasteagle.train.data import is_holdout
 
@@ -105,3 +106,21 @@ def test_long_documents_are_training_prompts_only(tmp_path):
     assert 6000 <= len(long["turns"][0]) <= 16200
     assert not [p for p in tasks.category_prompts(5, "train", path) if p["category"] == "long"]
     assert [p["id"] for p in tasks.category_prompts(5, "train", path, categories=("long",))] == [long["id"]]
+
+
+def test_a_training_prompt_set_takes_the_first_train_prompts_of_each_kind(sharegpt):
+    from tests.conftest import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    data = tasks.prompt_dataset(tok, {"qa": 5, "math": 3}, path=sharegpt)
+    assert data["ids"] == [p["id"] for p in tasks.category_prompts(5, "train", sharegpt, categories=("qa",))] + [
+        f"math-{tasks.TRAIN_SEED}-{i}" for i in range(3)]
+    short = tasks.prompt_dataset(tok, {"math": 3}, max_prompt_tokens=5, path=sharegpt)
+    assert short["ids"] == [], "prompts over the limit are left out"
+
+
+def test_counts_name_a_source_and_a_positive_number():
+    assert tasks._counts("translation=200,long=4,chat=1") == {"translation": 200, "long": 4, "chat": 1}
+    for bad in ("poetry=3", "math=0", "math", "math=-1", "qa=x"):
+        with pytest.raises(FastEagleError, match="--counts"):
+            tasks._counts(bad)
