@@ -14,15 +14,29 @@ from pathlib import Path
 import torch
 
 from fasteagle.drafter import CascadedDrafter
-from fasteagle.errors import Parser, run_command
+from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.files import check_writable
 from fasteagle.train import data
 
 
 def reply_counts(paths: Sequence[str | Path], vocab_size: int) -> torch.Tensor:
-    """How often each token occurs in the replies of saved token datasets, all together."""
-    return sum((data.reply_counts(data.load_token_dataset(p), vocab_size) for p in paths),
+    """How often each token occurs in the replies of saved token datasets or folders of feature shards
+    (a `--features cache` run's), all together."""
+    return sum((_shard_counts(Path(p), vocab_size) if Path(p).is_dir()
+                else data.reply_counts(data.load_token_dataset(p), vocab_size) for p in paths),
                torch.zeros(vocab_size, dtype=torch.long))
+
+
+def _shard_counts(folder: Path, vocab_size: int) -> torch.Tensor:
+    """Reply token counts of a folder of feature shards (their token ids and loss masks, the features left
+    on disk)."""
+    shards = sorted(folder.glob("shard-*.pt"))
+    if not shards:
+        raise FastEagleError(f"{folder} is a folder without feature shards (shard-*.pt); pass token datasets "
+                             "or a --features cache run's feature folder")
+    rows = [torch.load(s, weights_only=True, mmap=True) for s in shards]
+    return data.reply_counts({"input_ids": [i for r in rows for i in r["input_ids"].long()],
+                              "loss_mask": [m for r in rows for m in r["loss_mask"].bool()]}, vocab_size)
 
 
 def coverage(ids: torch.Tensor | None, counts: torch.Tensor) -> float:
@@ -33,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(prog="python -m fasteagle.train.vocab", description=__doc__.splitlines()[0])
     p.add_argument("drafter", help="drafter directory (rewritten in place unless --out)")
     p.add_argument("--size", type=int, required=True, help="tokens in the compact vocab")
-    p.add_argument("--data", nargs="+", required=True, help="saved token datasets (e.g. distilled replies)")
+    p.add_argument("--data", nargs="+", required=True,
+                   help="saved token datasets (e.g. distilled replies) or folders of feature shards")
     p.add_argument("--out", default=None, help="write the drafter here instead")
     args = p.parse_args(argv)
     if args.size < 1:
@@ -56,6 +71,7 @@ def _set_vocab(args) -> int:
     print(f"compact vocab: {args.size} tokens covering {after:.1%} of {int(counts.sum())} reply tokens "
           f"(was {before:.1%}); wrote {out}")
     return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

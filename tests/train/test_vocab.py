@@ -63,6 +63,22 @@ def test_command_rewrites_only_the_compact_vocab(tiny, tmp_path, capsys):
     assert cfg["compact_vocab"]["data"] == ["r.pt"] and cfg["compact_vocab"]["reply_tokens"] == 6
 
 
+def test_a_folder_of_feature_shards_counts_as_its_replies(tiny, tmp_path):
+    """A `--features cache` run keeps no token dataset, only shards: their replies count the same."""
+    from fasteagle.train.teacher import cache_features
+
+    replies = {"ids": ["a", "b", "c"], "prompt_ids": [[1], [2], [3]],
+               "input_ids": [[1, 9, 9, 8], [2, 9, 7, 7, 7, 5], [3, 4]], "loss_mask": [[0, 1, 1, 1], [0, 0, 1, 1, 1, 1],
+                                                                             [0, 1]]}
+    save_token_dataset(replies, tmp_path / "r.pt")
+    cache_features(tiny.model, replies, tmp_path / "features", [0, 1, 2], batch_tokens=8)
+    assert len(list((tmp_path / "features").glob("shard-*.pt"))) > 1
+    from_shards = vocab.reply_counts([tmp_path / "features"], TINY_VOCAB)
+    assert torch.equal(from_shards, vocab.reply_counts([tmp_path / "r.pt"], TINY_VOCAB))
+    with pytest.raises(FastEagleError, match="without feature shards"):
+        vocab.reply_counts([tmp_path], TINY_VOCAB)
+
+
 def test_command_errors_are_one_line(tiny, tmp_path, capsys):
     """A missing drafter, a size over the draft vocab, or another tokenizer's data: exit 2 and an
     `error:` line, not a traceback."""
