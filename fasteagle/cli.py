@@ -34,8 +34,8 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    help="let fasteagle draft over the target's whole vocabulary, not only its compact draft vocab "
                         "(the head is the target's own, so no weights are missing; it costs a bigger head product). "
                         "Default: on a GPU, where that product is one kernel either way; on a CPU the drafter "
-                        "drafts over its compact vocab (the shipped one: 12288 tokens, 98%% of its training "
-                        "replies' tokens)")
+                        "drafts over its compact vocab (its size and coverage: `compact_vocab` in the drafter's "
+                        "config.json)")
     p.add_argument("--no-full-vocab", dest="full_vocab", action="store_const", const=False,
                    help="fasteagle drafts over its compact draft vocab only, on a GPU too")
     p.add_argument("--tree-k", default=None,

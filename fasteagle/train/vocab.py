@@ -65,8 +65,9 @@ def _set_vocab(args) -> int:
     after = coverage(d.compact_vocab, counts)
     names = set(type(d.cfg).__dataclass_fields__)
     extra = {k: v for k, v in d.info.items() if k not in names}
-    extra["compact_vocab"] = {"size": args.size, "reply_coverage": round(after, 4),
-                              "data": [Path(x).name for x in args.data], "reply_tokens": int(counts.sum())}
+    sources = [str(x) if Path(x).is_dir() else Path(x).name for x in args.data]  # a shard folder: its path
+    extra["compact_vocab"] = {"size": args.size, "reply_coverage": round(after, 4), "data": sources,
+                              "reply_tokens": int(counts.sum())}
     d.save(out, extra=extra)
     print(f"compact vocab: {args.size} tokens covering {after:.1%} of {int(counts.sum())} reply tokens "
           f"(was {before:.1%}); wrote {out}")
