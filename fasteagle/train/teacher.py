@@ -250,14 +250,24 @@ def _stack_rows(rows: list[torch.Tensor], length: int) -> torch.Tensor:
     return out
 
 
+def token_counts(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """How often each of `vocab_size` tokens occurs in `ids`; an id outside the vocabulary (data made with
+    another tokenizer) is a one-line error, not bincount's longer result failing to add."""
+    ids = ids.long()
+    if ids.numel() and int(ids.max()) >= vocab_size:
+        raise FastEagleError(f"token id {int(ids.max())} in a token dataset is outside the {vocab_size}-token "
+                             "vocabulary: the dataset was made with another tokenizer")
+    return torch.bincount(ids, minlength=vocab_size)
+
+
 def shard_stats(shards: list[Path], vocab_size: int) -> tuple[torch.Tensor, list[int]]:
     """How often each token occurs in the replies of the cached shards (for the draft vocab), and
-    how many sequences each shard holds (to count micro-batches)."""
+    how many sequences each shard holds (to count micro-batches). Memory-mapped: the features stay on disk."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     rows = []
     for path in shards:
-        d = torch.load(path, weights_only=True)
-        counts += torch.bincount(d["input_ids"][d["loss_mask"]].long(), minlength=vocab_size)
+        d = torch.load(path, weights_only=True, mmap=True)
+        counts += token_counts(d["input_ids"][d["loss_mask"]], vocab_size)
         rows.append(d["input_ids"].shape[0])
     return counts, rows
 

@@ -17,6 +17,7 @@ from fasteagle.drafter import CascadedDrafter
 from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.files import check_writable
 from fasteagle.train import data
+from fasteagle.train.teacher import shard_stats
 
 
 def reply_counts(paths: Sequence[str | Path], vocab_size: int) -> torch.Tensor:
@@ -28,15 +29,12 @@ def reply_counts(paths: Sequence[str | Path], vocab_size: int) -> torch.Tensor:
 
 
 def _shard_counts(folder: Path, vocab_size: int) -> torch.Tensor:
-    """Reply token counts of a folder of feature shards (their token ids and loss masks, the features left
-    on disk)."""
+    """Reply token counts of a folder of feature shards (`teacher.shard_stats`, as the trainer counts them)."""
     shards = sorted(folder.glob("shard-*.pt"))
     if not shards:
         raise FastEagleError(f"{folder} is a folder without feature shards (shard-*.pt); pass token datasets "
                              "or a --features cache run's feature folder")
-    rows = [torch.load(s, weights_only=True, mmap=True) for s in shards]
-    return data.reply_counts({"input_ids": [i for r in rows for i in r["input_ids"].long()],
-                              "loss_mask": [m for r in rows for m in r["loss_mask"].bool()]}, vocab_size)
+    return shard_stats(shards, vocab_size)[0]
 
 
 def coverage(ids: torch.Tensor | None, counts: torch.Tensor) -> float:
