@@ -1,39 +1,33 @@
 #!/bin/bash
 # One GPU session in a fixed time budget: (optionally) the LLaMA-3-8B-shape draft step, the target's replies
 # to every ShareGPT train prompt (self-distillation), layer-wise training of the shipped drafter on them with
-# the target as online teacher, and the chat benchmark with the result, then where a decode step's time goes
-# (--profile-step). The H200 results in bench/results/gpu-h200-* and the stage-9 to stage-11 drafters were
-# made this way (stage 10: `DRAFT_STEP=0 INTER=1536 bash bench/gpu/run.sh 720`; stage 11: `DRAFT_STEP=0
-# DRAFT_VOCAB=49152 bash bench/gpu/run.sh 560` on stage 10's carried replies; stage 12: stage 11's replies
-# plus a sampled set (the SAMPLED=1 step below, 2.5 min) as ADD_DATA, `bash bench/gpu/run.sh 575`; their
-# steps ran as separate device calls of one loan). Stage 14 (new sampled chat replies and the code prompts'
-# greedy and sampled replies, then training on those only) ran the commands in docs/training.md instead,
-# and its chat bench used --tree-budget 128, the budget --tree auto had chosen on the H200 before. The
-# 2026-11-27 chat bench and profile were steps 4 and 5 alone, with LIMIT=30 and
-# METHODS=vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup (290 s and 40 s; the GGUF and the drafters
-# had come over in three calls).
+# the target as online teacher, the chat benchmark with the result, then where a decode step's time goes
+# (--profile-step). Each step stops in time for the ones after it, so a loan ends with results on disk.
+# docs/training.md has the commands each GPU stage of the shipped drafter ran; each result file its own.
 #
 # Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [CODE=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
 #        [BATCH_TOKENS=32768] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...] [LIMIT=10]
 #        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
-# A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused (delete it to
-# distil again). SAMPLED=1 also has the target write a second reply to every prompt, sampled at temperature
-# 0.7 (runs/gpu-replies-s1, ~170 s for all, 2.5 min gave half), and trains on both; CODE=1 has the target answer
-# the code prompts of data/code_prompts.pt too (python -m fasteagle.train.data --prompts-out data/code_prompts.pt
-# --code: documented functions of the standard library, networkx and numpy, HumanEval-shaped; runs/gpu-replies-code)
-# and trains on those replies as well; ADD_DATA names more saved token datasets to train on.
-# TRAIN=0 skips training and benches the shipped drafter. DRAFT_VOCAB grows a drafter's draft vocab (49152:
-# SmolLM2's whole vocabulary, which the shipped drafter has drafted over since stage 11); a bigger head
-# needs more memory in training (BATCH_TOKENS=16384 halves it). On a GPU every bench drafts over the whole
-# vocabulary (--full-vocab is the default there). TREE=auto (default) gives each drafter its best
-# tree budget on this GPU (up to 192 nodes), TREE=fixed the ~60 nodes of issue 4. BF16=1 also benches a bf16
-# target (the speed a deployment sees; bf16 rounds a 60-node forward differently from a one-token step, so a
-# few outputs may differ from vanilla where the target's top two logits nearly tie). RESERVE: seconds kept
-# after training for the evaluations, the bench and the profile (TREE=auto with five methods needs ~330 s for
-# the evaluations and the bench: stage 12's loan kept 200 and lost its bench to the time limit); PROFILE=0 skips the
-# profile; METHODS replaces the chat bench's method list; LIMIT sets its number of chat prompts (30 with five
-# methods takes ~290 s on an H200).
+#   A runs/gpu-drafter/distilled.pt left by an earlier call (or carried to the machine) is reused: delete it
+#   to distil again.
+#   SAMPLED=1   the target also writes a second reply to every prompt, sampled at temperature 0.7
+#               (runs/gpu-replies-s1), and training uses both: more data from the same prompts.
+#   CODE=1      the target answers the code prompts of data/code_prompts.pt too (python -m fasteagle.train.data
+#               --prompts-out data/code_prompts.pt --code) and training uses those replies: ShareGPT has
+#               little code, and HumanEval stays for evaluation.
+#   ADD_DATA    more saved token datasets to train on.
+#   TRAIN=0     no training: benches the shipped drafter.
+#   DRAFT_VOCAB grows the drafter's draft vocabulary (49152: all of SmolLM2's); a bigger head needs more
+#               memory in training (BATCH_TOKENS=16384 halves it). A GPU bench drafts over the whole
+#               vocabulary anyway (--full-vocab is its default).
+#   TREE        auto (default): each drafter at the tree budget that decodes fastest on this GPU (up to 192
+#               nodes); fixed: the paper's ~60 nodes.
+#   BF16=1      also benches a bf16 target, what a deployment runs; bf16 rounds a tree's forward differently
+#               from a one-token step, so an output may leave vanilla's where its top two logits nearly tie.
+#   RESERVE     seconds kept after training for loading, the evaluations, the bench and the profile; the
+#               [t=...] lines of a run's log show what each took, so size it from the last one.
+#   PROFILE=0   skips the profile; METHODS replaces the chat bench's methods; LIMIT its number of prompts.
 set -u
 PY=${PYTHON:-python3}
 B=${1:-585}
@@ -51,7 +45,7 @@ if [ "${DRAFT_STEP:-1}" = 1 ]; then
   echo "[t=$(el)] draft step done"
 fi
 
-# 2. the target's replies (about 170 s for the 14689 train prompts on an H200)
+# 2. the target's replies to the train prompts, capped at 3 minutes
 $PY -m fasteagle train --out runs/gpu-drafter --data data/train_prompts.pt --holdout-data data/holdout_prompts.pt \
   --distill --distill-only --distill-max-new 256 --distill-batch 768 --distill-minutes 3.0 --features online \
   --eval-sequences 60 --device cuda --dtype fp32
