@@ -160,7 +160,7 @@ def shard_summary(folder: Path) -> dict:
 
     summary = {"shards": 0, "sequences": 0, "reply_tokens": 0}
     for path in sorted(folder.glob("shard-*.pt")):
-        mask = torch.load(path, weights_only=True)["loss_mask"]
+        mask = torch.load(path, weights_only=True, mmap=True)["loss_mask"]  # the features stay on disk
         summary = {"shards": summary["shards"] + 1, "sequences": summary["sequences"] + mask.shape[0],
                    "reply_tokens": summary["reply_tokens"] + int(mask.sum())}
     return summary
