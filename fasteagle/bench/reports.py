@@ -247,9 +247,18 @@ def _equal_training_table(doc: dict) -> str:
                          f"{cell(a, 'tau', '.2f')} | {cell(a, 'tokens_per_s', '.1f')} | "
                          f"{cell(a, 'speedup_vs_vanilla', '.2f')}x | {cell(a, 'draft_ms', '.1f')} | "
                          f"{cell(b, 'tau', '.2f')} ({cell(b, 'tree_budget', 'd')}) | {depth or '–'} |")
-    r = doc.get("recipe", {})
+    r, data = doc.get("recipe", {}), doc.get("data", {})
+    prompts = f"{', '.join(f'{s} {n}' for s, n in r.get('prompts', {}).items())} prompts"
+    if "data" in data:  # the target answered only some prompts where the recipe capped its minutes
+        prompts = (f"the target's replies to {data['data']['sequences']} of {prompts}, "
+                   f"{data['data']['reply_tokens']} tokens")
+    else:
+        prompts += ", self-distilled"
+    if "written" in data:
+        prompts += (f"; {data['written']['sequences']} ShareGPT conversations as written, "
+                    f"{data['written']['reply_tokens']} tokens")
     head = (f"**{doc.get('device', '?')}**: drafters trained from scratch on the same feature shards in the same "
-            f"order ({', '.join(f'{s} {n}' for s, n in r.get('prompts', {}).items())} prompts, self-distilled), "
+            f"order ({prompts}), "
             f"each measured against vanilla on {', '.join(Path(x).name for x in r.get('eval', {}).get('prompts', []))}"
             f" at its own `--tree auto` budget and at the paper's tree; the pair: {' vs '.join(doc.get('pair', []))}"
             "\n\n")

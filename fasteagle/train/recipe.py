@@ -368,8 +368,10 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     if measured is None:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
     device = measured.get("device")
+    data = {part: json.loads((out / part / "done.json").read_text()) for part in ("data", "written")
+            if (out / part / "done.json").exists()}  # what the shards hold: replies, conversations as written
     doc = {"equal_training": points, "pair": recipe.pair, "head_to_head": head_to_head(points, recipe.pair),
-           "recipe": dataclasses.asdict(recipe),
+           "recipe": dataclasses.asdict(recipe), "data": data,
            "tune": tuned(out), "device": device, "command": _command()}
     path = Path(dest or out / "equal-training.json")
     write_text(path, json.dumps(doc, indent=2))

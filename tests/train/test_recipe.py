@@ -90,7 +90,12 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
                                                    / best["eagle"]["speedup_vs_vanilla"])
         assert row["tau_ratio"] == pytest.approx(best["cascade"]["tau"] / best["eagle"]["tau"])
     assert [r["steps"] for r in doc["head_to_head"]] == [10, 20]
+    # the report says what the shards hold: the target's replies and the conversations as written
+    assert doc["data"]["data"] == json.loads((out / "data" / "done.json").read_text())
+    assert doc["data"]["written"]["sequences"] == 3
     table = (tmp_path / "report.md").read_text()
+    assert (f"the target's replies to {doc['data']['data']['sequences']} of chat 12 prompts, "
+            f"{doc['data']['data']['reply_tokens']} tokens; 3 ShareGPT conversations as written, ") in table
     assert "| cascade | 20 |" in table and "| eagle | 10 |" in table
     assert "cascade over eagle" in table and f"| {doc['head_to_head'][1]['speed_ratio']:.2f}x |" in table
     assert (tmp_path / "report.html").stat().st_size > 1000
