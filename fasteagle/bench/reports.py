@@ -252,8 +252,6 @@ def _equal_training_table(doc: dict) -> str:
     if "data" in data:  # the target answered only some prompts where the recipe capped its minutes
         prompts = (f"the target's replies to {data['data']['sequences']} of {prompts}, "
                    f"{data['data']['reply_tokens']} tokens")
-    else:
-        prompts += ", self-distilled"
     if "written" in data:
         prompts += (f"; {data['written']['sequences']} ShareGPT conversations as written, "
                     f"{data['written']['reply_tokens']} tokens")
