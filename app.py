@@ -38,6 +38,7 @@ from fasteagle.generate import chat_prompt_ids, check_context, generate  # noqa:
 from fasteagle.methods import (  # noqa: E402
     DEFAULT_DRAFTER,
     DEFAULT_EAGLE3,
+    EQUAL_DRAFTER,
     MAX_BUDGET,
     PAPER_BUDGET,
     Settings,
@@ -194,11 +195,19 @@ def _shown(p: Path) -> str:
         return str(p)
 
 
+EQUAL_LABEL = "FastEagle · equal training"  # the cascade trained as the shipped EAGLE-3 drafter was
+EQUAL_INFO = (f"EAGLE-3 and {EQUAL_LABEL}: one recipe, the same training tokens; FastEagle: the shipped "
+              "cascade, trained far longer")
+
+
 def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None) -> list[MethodSpec]:
-    """Every method the app knows, with whether it can run here (trained weights present)."""
+    """Every method the app knows, with whether it can run here (trained weights present). The shipped
+    EAGLE-3 drafter comes with its equal: a cascade trained on the same tokens (offered with it only)."""
     fe = Path(drafter_dir or env().drafter or DEFAULT_DRAFTER)
     e3 = Path(eagle3_dir or env().eagle3_drafter or EAGLE3_DRAFTER)
     fe_s, e3_s = _shown(fe), _shown(e3)
+    equal = ([MethodSpec(EQUAL_LABEL, "fasteagle", EQUAL_DRAFTER, True)]
+             if e3.resolve() == DEFAULT_EAGLE3.resolve() and _has_weights(EQUAL_DRAFTER) else [])
     return [
         MethodSpec("FastEagle", "fasteagle", fe, _has_weights(fe),
                    f"no FastEagle drafter at `{fe_s}`: train one with `python -m fasteagle train --out {fe_s}` "
@@ -206,6 +215,7 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
         MethodSpec("EAGLE-3", "eagle3", e3, _has_weights(e3),
                    f"no EAGLE-3 drafter at `{e3_s}`: train one with `python -m fasteagle train --drafter eagle3 "
                    f"--out {e3_s}` (or set FASTEAGLE_EAGLE3_DRAFTER)."),
+        *equal,
         MethodSpec("FastEagle + lookup", "fasteagle+lookup", fe, _has_weights(fe),
                    f"no FastEagle drafter at `{fe_s}` to join with lookup."),
         MethodSpec("lookup", "lookup", None, True),
@@ -677,7 +687,8 @@ def _settings(engine: Engine) -> dict[str, Any]:
                             elem_id="temperature")
     gr.Examples(examples=[[e.prompt, e.temperature] for e in EXAMPLES], inputs=[prompt, temperature],
                 example_labels=[e.label for e in EXAMPLES], label="Examples", examples_per_page=8, elem_id="examples")
-    method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method")
+    method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method",
+                      info=EQUAL_INFO if EQUAL_LABEL in methods else None)
     tree_size = gr.Radio([("fast tree (this device's default)", "fast"),
                           (f"paper-size tree ({PAPER_BUDGET} nodes)", "paper")], value="fast",
                          label="Tree size (FastEagle / EAGLE-3)", elem_id="tree-size")

@@ -508,7 +508,8 @@ def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="compare decoding methods on prompt sets (tokens/s, speedup, tau, lossless)")
     b.add_argument("--prompts", default=None, help="JSON-lines prompt file(s), comma separated")
     b.add_argument("--methods", default="vanilla,hf-generate,hf-prompt-lookup,lookup,fasteagle",
-                   help="comma list of: hf-generate, hf-prompt-lookup, " + ", ".join(METHODS))
+                   help="comma list of: hf-generate, hf-prompt-lookup, " + ", ".join(METHODS)
+                   + "; fasteagle-equal: the cascade trained as the eagle3 drafter was")
     b.add_argument("--limit", type=int, default=None,
                    help="prompts per file (per category, in a file of several categories)")
     b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")

@@ -5,8 +5,9 @@
 
 The CLI (`cli.make_drafter`, from its flags), the app and the benchmark all build drafters here, so
 a setting means the same everywhere and a default (`Settings`, `default_budget`) is chosen once per
-device. A few older method names (`ALIASES`) are a method with one setting changed: results on disk
-cite them. `load_drafter` loads whichever kind of trained drafter a folder holds.
+device. A few more names (`ALIASES`) are a method with one setting changed, so that a run times both
+side by side: `fasteagle-equal` is the cascade trained as the `eagle3` drafter was. `load_drafter` loads
+whichever kind of trained drafter a folder holds.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from fasteagle.errors import FastEagleError
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafters" / "smollm2-135m-fasteagle"
 DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
+# The cascade trained by the same recipe, on the same tokens, as DEFAULT_EAGLE3 (docs/training.md, "Recipe"):
+# the shipped pair that compares the two architectures at equal training.
+EQUAL_DRAFTER = DEFAULT_DRAFTER.with_name("smollm2-135m-fasteagle-equal")
 
 # Node budgets `python -m fasteagle bench --tree auto` picked for the shipped drafters on a 2-core CPU, where
 # a big tree's verify costs several decode steps, so small trees win (docs/design.md, "Small trees on a CPU,
 # big ones on a GPU", links the measurements).
-CPU_BUDGETS = {"fasteagle": 6, "eagle3": 3, "fasteagle+lookup": 6, "eagle3+lookup": 3}
+CPU_BUDGETS = {"fasteagle": 6, "eagle3": 5, "fasteagle+lookup": 6, "eagle3+lookup": 5}
 # On a GPU a one-token step is launch-bound, so a big tree verifies for little more than a step and `--tree
 # auto` picked 128 for both FastEagle methods; the CPU-trained EAGLE-3-style drafter accepts so little that
 # its curve is flat, so it keeps the paper's ~60.
@@ -73,8 +77,9 @@ class Settings:
 
     def drafter_dir(self, method: str) -> Path | None:
         """The folder of the trained drafter `method` loads (None: it loads none)."""
-        name = PATH_SETTING.get(canonical(method))
-        return (getattr(self, name) or DEFAULT_FOLDERS[name]) if name else None
+        method, s = resolve(method, self)
+        name = PATH_SETTING.get(method)
+        return (getattr(s, name) or DEFAULT_FOLDERS[name]) if name else None
 
     def with_drafter(self, method: str, path: str | Path | None) -> Settings:
         """These settings with `path` as the folder of the trained drafter `method` loads (if it loads one)."""
@@ -101,13 +106,17 @@ def check_tree_budget(target, budget: int | None) -> None:
 
 def build(method: str, target, settings: Settings | None = None):
     """The drafter `method` decodes with on `target`, set up by `settings` (None for vanilla)."""
-    settings = settings or Settings()
-    if method in ALIASES:
-        settings = replace(settings, **ALIASES[method][1])
-    method = canonical(method)
+    method, settings = resolve(method, settings or Settings())
     if method != "vanilla":
         check_tree_budget(target, settings.tree_budget)
     return REGISTRY[method](target, settings)
+
+
+def resolve(method: str, settings: Settings) -> tuple[str, Settings]:
+    """The method an alias stands for, with the alias's setting applied (a method is itself)."""
+    if method in ALIASES:
+        return ALIASES[method][0], replace(settings, **ALIASES[method][1])
+    return canonical(method), settings
 
 
 def canonical(method: str) -> str:
@@ -177,7 +186,8 @@ REGISTRY = {
     "eagle3+lookup": _with_lookup("eagle3"),
 }
 METHODS = tuple(REGISTRY)
-ALIASES = {  # older names: fasteagle with one setting changed, to time the two side by side
+ALIASES = {  # fasteagle with one setting changed, to time the two side by side in one run
+    "fasteagle-equal": ("fasteagle", {"drafter": EQUAL_DRAFTER}),  # the cascade trained as eagle3's drafter was
     "fasteagle-backbone": ("fasteagle", {"tree_shape": "backbone"}),  # the paper's tree, whatever tree_shape says
     "fasteagle-eager": ("fasteagle", {"step_mode": "dynamic"}),  # op by op where fasteagle replays a CUDA graph
     "fasteagle-host-tree": ("fasteagle", {"tree_on_device": False}),  # the graph's tree built on the host

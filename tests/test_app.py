@@ -357,6 +357,17 @@ def drafters(tiny, tmp_path) -> tuple[Path, Path]:
     return tmp_path / "fe", tmp_path / "e3"
 
 
+def test_the_shipped_eagle3_drafter_comes_with_its_equal_cascade(tmp_path, monkeypatch):
+    """With the shipped EAGLE-3 drafter the app also offers the cascade trained on the same tokens, right
+    after it, and says what the two are; another EAGLE-3 drafter has no such partner."""
+    monkeypatch.delenv("FASTEAGLE_EAGLE3_DRAFTER", raising=False)
+    specs = app.method_specs()
+    assert [m.label for m in specs] == ["FastEagle", "EAGLE-3", app.EQUAL_LABEL, "FastEagle + lookup", "lookup"]
+    equal = specs[2]
+    assert (equal.key, equal.drafter_dir, equal.available) == ("fasteagle", app.EQUAL_DRAFTER, True)
+    assert app.EQUAL_LABEL not in [m.label for m in app.method_specs(eagle3_dir=tmp_path)]
+
+
 def test_trained_drafters_are_offered_and_draw_trees(tiny, drafters):
     """With drafter directories present, FastEagle and EAGLE-3 join the method list and run."""
     demo = app.build_app(tiny, drafter_dir=drafters[0], eagle3_dir=drafters[1])

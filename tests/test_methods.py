@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fasteagle.errors import FastEagleError
-from fasteagle.methods import ALIASES, METHODS, Settings, build
+from fasteagle.methods import ALIASES, DEFAULT_EAGLE3, EQUAL_DRAFTER, METHODS, Settings, build
 from tests.test_drafter import make
 
 
@@ -43,6 +43,10 @@ def test_a_method_names_the_folder_it_loads():
     assert Settings().with_drafter("eagle3+lookup", "x") == Settings(eagle3_drafter=Path("x"))
     assert Settings().with_drafter("fasteagle-eager", "y") == Settings(drafter=Path("y"))
     assert Settings().with_drafter("lookup", "z") == Settings()
+    # fasteagle-equal names its own drafter: the cascade trained as the eagle3 drafter was
+    assert Settings(drafter=Path("x")).drafter_dir("fasteagle-equal") == EQUAL_DRAFTER
+    assert Settings(drafter=Path("x")).drafter_dir("fasteagle") == Path("x")
+    assert Settings().drafter_dir("eagle3") == DEFAULT_EAGLE3 and Settings().drafter_dir("vanilla") is None
 
 
 def test_cli_flags_are_the_settings(tiny, tmp_path, monkeypatch):

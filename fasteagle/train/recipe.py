@@ -23,7 +23,11 @@ goes on from its last checkpoint):
 5. eval     at each budget `fasteagle bench` on the saved drafters: the compared pair side by side
             at each one's `--tree auto` budget and at the paper's ~60-node tree, each other drafter
             (a depth ablation) beside vanilla (OUT/eval/*.json, each storing its own command);
-6. report   the curves as one result file with its Markdown table and Plotly charts (--report FILE).
+6. report   the curves as one result file with its Markdown table and Plotly charts (--report FILE);
+7. ship     only when asked (--stages ship): the drafters named in `ship`, at its budget, written
+            where the repository keeps its drafters: weights, config, the settings they trained with,
+            a holdout evaluation (teacher-forced on the target's greedy replies to ShareGPT holdout
+            prompts) and a one-stage training log. The model card beside them is written by hand.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.fields import from_json
 from fasteagle.files import check_writable, write_text
 
-STAGES = ("prompts", "data", "tune", "train", "eval", "report")
+STAGES = ("prompts", "data", "tune", "train", "eval", "report", "ship")
+DEFAULT_STAGES = STAGES[:-1]  # ship writes into the repository's drafters: only when asked
 SNAPSHOT_FILES = ("model.safetensors", "config.json", "README.md", "history.json")
 
 
@@ -56,6 +61,7 @@ class Recipe:
     tune: dict = field(default_factory=dict)  # {"lr": [...], "steps": n}: tried for the pair's drafters
     eval: dict = field(default_factory=dict)  # bench settings: prompts, limit, max_new_tokens, paper_budget
     written: int = 0  # ShareGPT train conversations as written, besides the self-distilled replies
+    ship: dict = field(default_factory=dict)  # {"steps": n, "to": {drafter: folder}, "holdout": prompts}
     out: str = ""  # where it all goes (default: runs/<the recipe file's name>)
 
     def budgets_of(self, name: str) -> list[int]:
@@ -86,14 +92,18 @@ def load(path: str | Path) -> Recipe:
         raise FastEagleError(f"recipe {path}: budgets must be a list of step counts of 1 or more")
     for name in recipe.drafters:
         TrainConfig(out=str(Path(recipe.out) / name), **recipe.settings(name)).check()
+    if recipe.ship and (not set(recipe.ship.get("to", {})) <= set(recipe.drafters)
+                        or recipe.ship.get("steps") not in recipe.budgets):
+        raise FastEagleError(f"recipe {path}: ship needs steps (one of its budgets) and to (drafter -> folder), "
+                             f"not {recipe.ship}")
     return recipe
 
 
-def run(recipe: Recipe, stages: tuple[str, ...] = STAGES, report_to: str | None = None) -> None:
+def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str | None = None) -> None:
     """The asked stages in order, each skipping what an earlier run already wrote."""
     out = check_writable(recipe.out, "the recipe's out folder", directory=True)
     target = None
-    if {"prompts", "data", "tune", "train"} & set(stages):
+    if {"prompts", "data", "tune", "train"} & set(stages) or ("ship" in stages and recipe.ship):
         from fasteagle.target import load_target
 
         target = load_target(recipe.train.get("target"), device=recipe.train.get("device"),
@@ -113,6 +123,8 @@ def run(recipe: Recipe, stages: tuple[str, ...] = STAGES, report_to: str | None 
         evaluate(recipe, out)
     if "report" in stages:
         report(recipe, out, report_to)
+    if "ship" in stages and recipe.ship:
+        ship(recipe, target, out)
 
 
 def build_prompts(recipe: Recipe, target, path: Path) -> None:
@@ -383,6 +395,67 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     return path
 
 
+def ship(recipe: Recipe, target, out: Path) -> None:
+    """The drafters of `recipe.ship` at its budget, each into its folder with a holdout evaluation and a
+    training log of one stage (the form of every shipped drafter, docs/training.md)."""
+    import time
+
+    from fasteagle.methods import load_drafter
+    from fasteagle.train.trainer import evaluate
+
+    steps, n = recipe.ship["steps"], recipe.ship.get("holdout", 60)
+    for name, folder in recipe.ship["to"].items():  # before any work: every snapshot there, every folder writable
+        if not (snapshot(out, name, steps) / "config.json").exists():
+            raise FastEagleError(f"{name} is not trained to {steps} steps yet ({snapshot(out, name, steps)}); "
+                                 "run the train stage first")
+        check_writable(folder, f"the folder {name} ships to", directory=True)
+    holdout = holdout_replies(recipe, target, out, n)
+    data = {part: json.loads((out / part / "done.json").read_text()) for part in ("data", "written")
+            if (out / part / "done.json").exists()}
+    for name, folder in recipe.ship["to"].items():
+        snap = snapshot(out, name, steps)
+        drafter = load_drafter(snap).attach(target.model)
+        ev = {"holdout": evaluate(drafter, target.model, holdout, n, recipe.train.get("max_len", 1024),
+                                  drafter.tree_k)}
+        dest = Path(folder)
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in ("model.safetensors", "config.json"):
+            shutil.copy2(snap / f, dest / f)
+        lr = tuned_lr(recipe, out, name)
+        settings = recipe.settings(name) | ({"lr": lr} if lr is not None else {})
+        shutil.rmtree(dest / "configs", ignore_errors=True)
+        (dest / "configs").mkdir()
+        write_text(dest / "configs" / "train.json", json.dumps(settings, indent=2))
+        training = json.loads((snap / "config.json").read_text())["training"]
+        stage = {"stage": 1, "shipped": True, "date": time.strftime("%Y-%m-%d"),
+                 "hardware": f"{training.get('device')}, "
+                             + ("bf16 matmuls" if training.get("mixed_precision") == "bf16" else "fp32"),
+                 "data": data, "recipe": dataclasses.asdict(recipe), "tune": tuned(out).get(name),
+                 "configs": {"train.json": settings}, "training": training, "eval": ev,
+                 "history": json.loads((snap / "history.json").read_text()) if (snap / "history.json").exists() else []}
+        write_text(dest / "eval.json", json.dumps(ev, indent=2))
+        write_text(dest / "training_log.json", json.dumps([stage], indent=1))
+        print(f"shipped {name} at {steps} steps to {dest}: holdout tau {ev['holdout']['tau_backbone']}")
+
+
+def holdout_replies(recipe: Recipe, target, out: Path, n: int) -> dict:
+    """The target's greedy replies to the first `n` ShareGPT holdout prompts (OUT/holdout_distilled.pt, once)."""
+    from fasteagle.train import data as data_mod
+    from fasteagle.train.teacher import self_distill
+
+    path = out / "holdout_distilled.pt"
+    if path.exists():
+        return data_mod.load_token_dataset(path)
+    prompts = data_mod.build_token_dataset(target.tokenizer, "holdout", recipe.train.get("max_len", 1024),
+                                           limit=n)["prompt_ids"]
+    tail = recipe.train.get("prompt_tail", 2048)
+    replies = self_distill(target.model, target.tokenizer, [p[-tail:] for p in prompts[:n]],
+                           recipe.train.get("distill_max_new", 256), recipe.train.get("distill_batch", 32),
+                           sample_every=0)
+    data_mod.save_token_dataset(replies, path)
+    return replies
+
+
 def _command() -> str:
     import shlex
 
@@ -392,7 +465,8 @@ def _command() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m fasteagle.train.recipe", description=__doc__.splitlines()[0])
     p.add_argument("recipe", help="recipe JSON file (see assets/recipes/)")
-    p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of: {', '.join(STAGES)}")
+    p.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                   help=f"comma list of: {', '.join(STAGES)} (default: all but ship)")
     p.add_argument("--out", default=None, help="where the runs go (default: the recipe's out, or runs/<its name>)")
     p.add_argument("--report", default=None, metavar="FILE", help="the report's result file (default: in --out)")
     args = p.parse_args(argv)

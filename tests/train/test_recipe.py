@@ -36,6 +36,8 @@ def write_recipe(tmp_path, tiny_dir, **over) -> tuple:  # noqa: F811
                      "cascade-2": {"drafter": "fasteagle", "num_layers": 2, "budgets": [10]}},
         "pair": ["cascade", "eagle"], "budgets": [10, 20], "tune": {"lr": [0.001, 0.003], "steps": 10},
         "eval": {"prompts": [str(evals)], "limit": 2, "max_new_tokens": 8, "paper_budget": 12},
+        "ship": {"steps": 20, "to": {"cascade": str(tmp_path / "ship" / "fe"), "eagle": str(tmp_path / "ship" / "e3")},
+                 "holdout": 3},
     } | over
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
@@ -110,6 +112,22 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     cut.write_text(json.dumps(json.loads(cut.read_text()) | {"partial": {"prompts_done": 1, "prompts": 2}}))
     assert recipe_mod.main([str(path), "--stages", "eval"]) == 0
     assert capsys.readouterr().out.count("eval:") == 1 and "partial" not in json.loads(cut.read_text())
+    assert not (tmp_path / "ship").exists()  # the default stages leave the repository's drafters alone
+    # ship: the pair at one budget, in the form of every shipped drafter (tests/test_docs.py checks that form)
+    assert recipe_mod.main([str(path), "--stages", "ship"]) == 0
+    for name, folder in (("cascade", "fe"), ("eagle", "e3")):
+        dest, snap = tmp_path / "ship" / folder, out / name / "at-20"
+        assert {p.name for p in dest.iterdir()} == {"model.safetensors", "config.json", "eval.json",
+                                                    "training_log.json", "configs"}
+        assert (dest / "model.safetensors").read_bytes() == (snap / "model.safetensors").read_bytes()
+        (stage,) = json.loads((dest / "training_log.json").read_text())
+        assert stage["training"] == json.loads((snap / "config.json").read_text())["training"]
+        assert stage["eval"] == json.loads((dest / "eval.json").read_text())
+        assert stage["eval"]["holdout"]["tau_backbone"] >= 1.0 and stage["eval"]["holdout"]["positions"] > 0
+        assert stage["configs"] == {"train.json": json.loads((dest / "configs" / "train.json").read_text())}
+        assert stage["configs"]["train.json"]["lr"] == tuned[name]["lr"] and stage["data"] == doc["data"]
+        assert stage["history"] == json.loads((snap / "history.json").read_text())
+    assert (out / "holdout_distilled.pt").exists()  # the target answered the holdout once, for both
 
 
 @pytest.mark.parametrize("change, word", [
@@ -118,6 +136,8 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     ({"budgets": []}, "budgets must be"),
     ({"drafters": {"cascade": {"drafter": "lstm"}, "eagle": {}}}, "drafter"),
     ({"drafters": {"cascade": {"num_layers": 0}, "eagle": {}}}, "num_layers"),
+    ({"ship": {"steps": 15, "to": {"cascade": "x"}}}, "ship needs steps"),
+    ({"ship": {"steps": 20, "to": {"lstm": "x"}}}, "ship needs steps"),
 ])
 def test_a_bad_recipe_is_refused_before_anything_loads(tmp_path, tiny_dir, change, word, capsys):  # noqa: F811
     path, _ = write_recipe(tmp_path, tiny_dir, **change)
