@@ -101,9 +101,12 @@ def load(path: str | Path) -> Recipe:
 
 def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str | None = None) -> None:
     """The asked stages in order, each skipping what an earlier run already wrote."""
+    if "ship" in stages and not recipe.ship:
+        raise FastEagleError("this recipe has no ship section: nothing to ship "
+                             "(see assets/recipes/equal-training.json)")
     out = check_writable(recipe.out, "the recipe's out folder", directory=True)
     target = None
-    if {"prompts", "data", "tune", "train"} & set(stages) or ("ship" in stages and recipe.ship):
+    if {"prompts", "data", "tune", "train", "ship"} & set(stages):
         from fasteagle.target import load_target
 
         target = load_target(recipe.train.get("target"), device=recipe.train.get("device"),
@@ -123,7 +126,7 @@ def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str
         evaluate(recipe, out)
     if "report" in stages:
         report(recipe, out, report_to)
-    if "ship" in stages and recipe.ship:
+    if "ship" in stages:
         ship(recipe, target, out)
 
 

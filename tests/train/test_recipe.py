@@ -146,3 +146,11 @@ def test_a_bad_recipe_is_refused_before_anything_loads(tmp_path, tiny_dir, chang
     assert recipe_mod.main([str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and word.split()[0] in err[0]
+
+
+def test_shipping_needs_a_ship_section(tmp_path, tiny_dir, capsys):  # noqa: F811
+    path, _ = write_recipe(tmp_path, tiny_dir, ship={})
+    assert recipe_mod.main([str(path), "--stages", "ship"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: this recipe has no ship section: nothing to ship (see "
+                   "assets/recipes/equal-training.json)"]
