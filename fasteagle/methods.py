@@ -25,11 +25,11 @@ EQUAL_DRAFTER = DEFAULT_DRAFTER.with_name("smollm2-135m-fasteagle-equal")
 
 # Node budgets `python -m fasteagle bench --tree auto` picked for the shipped drafters on a 2-core CPU, where
 # a big tree's verify costs several decode steps, so small trees win (docs/design.md, "Small trees on a CPU,
-# big ones on a GPU", links the measurements).
+# big ones on a GPU", links the measurements); a drafter joined with lookup takes its drafter's.
 CPU_BUDGETS = {"fasteagle": 6, "eagle3": 5, "fasteagle+lookup": 6, "eagle3+lookup": 5}
 # On a GPU a one-token step is launch-bound, so a big tree verifies for little more than a step and `--tree
-# auto` picked 128 for both FastEagle methods; the CPU-trained EAGLE-3-style drafter accepts so little that
-# its curve is flat, so it keeps the paper's ~60.
+# auto` picked 128 for both FastEagle methods; the earlier EAGLE-3-style drafter accepted so little that its
+# curve was flat there, so that method keeps the paper's ~60 until a GPU measures the current one.
 GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
 PAPER_BUDGET = 60  # the paper's tree size: a GPU's default for the others, and what `bench` verifies unless told
 MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
