@@ -383,8 +383,7 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     if measured is None:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
     device = measured.get("device")
-    data = {part: json.loads((out / part / "done.json").read_text()) for part in ("data", "written")
-            if (out / part / "done.json").exists()}  # what the shards hold: replies, conversations as written
+    data = shard_data(out)
     doc = {"equal_training": points, "pair": recipe.pair, "head_to_head": head_to_head(points, recipe.pair),
            "recipe": dataclasses.asdict(recipe), "data": data,
            "tune": tuned(out), "device": device, "command": _command()}
@@ -412,13 +411,13 @@ def ship(recipe: Recipe, target, out: Path) -> None:
             raise FastEagleError(f"{name} is not trained to {steps} steps yet ({snapshot(out, name, steps)}); "
                                  "run the train stage first")
         check_writable(folder, f"the folder {name} ships to", directory=True)
-    holdout = holdout_replies(recipe, target, out, n)
-    data = {part: json.loads((out / part / "done.json").read_text()) for part in ("data", "written")
-            if (out / part / "done.json").exists()}
+    shared = config(recipe, None, out, out=str(out))  # the settings every drafter shares, defaults filled in
+    holdout = holdout_replies(shared, target, out, n)
+    data = shard_data(out)
     for name, folder in recipe.ship["to"].items():
         snap = snapshot(out, name, steps)
         drafter = load_drafter(snap).attach(target.model)
-        ev = {"holdout": evaluate(drafter, target.model, holdout, n, recipe.train.get("max_len", 1024),
+        ev = {"holdout": evaluate(drafter, target.model, holdout, n, shared.max_len,
                                   drafter.tree_k)}
         dest = Path(folder)
         dest.mkdir(parents=True, exist_ok=True)
@@ -441,22 +440,23 @@ def ship(recipe: Recipe, target, out: Path) -> None:
         print(f"shipped {name} at {steps} steps to {dest}: holdout tau {ev['holdout']['tau_backbone']}")
 
 
-def holdout_replies(recipe: Recipe, target, out: Path, n: int) -> dict:
-    """The target's greedy replies to the first `n` ShareGPT holdout prompts (OUT/holdout_distilled.pt, once)."""
+def holdout_replies(cfg, target, out: Path, n: int) -> dict:
+    """The target's greedy replies to the first `n` ShareGPT holdout prompts, with the recipe's shared
+    settings `cfg` (OUT/holdout_distilled.pt, once)."""
     from fasteagle.train import data as data_mod
-    from fasteagle.train.teacher import self_distill
+    from fasteagle.train.trainer import greedy_replies
 
-    path = out / "holdout_distilled.pt"
-    if path.exists():
-        return data_mod.load_token_dataset(path)
-    prompts = data_mod.build_token_dataset(target.tokenizer, "holdout", recipe.train.get("max_len", 1024),
-                                           limit=n)["prompt_ids"]
-    tail = recipe.train.get("prompt_tail", 2048)
-    replies = self_distill(target.model, target.tokenizer, [p[-tail:] for p in prompts[:n]],
-                           recipe.train.get("distill_max_new", 256), recipe.train.get("distill_batch", 32),
-                           sample_every=0)
-    data_mod.save_token_dataset(replies, path)
-    return replies
+    return greedy_replies(target.model, target.tokenizer,
+                          lambda: data_mod.build_token_dataset(target.tokenizer, "holdout", cfg.max_len,
+                                                               limit=n)["prompt_ids"][:n],
+                          cfg, out / "holdout_distilled.pt")
+
+
+def shard_data(out: Path) -> dict:
+    """What the shared shards hold (the data stage's done.json summaries): the target's replies, and the
+    conversations as written."""
+    return {part: json.loads((out / part / "done.json").read_text()) for part in ("data", "written")
+            if (out / part / "done.json").exists()}
 
 
 def _command() -> str:

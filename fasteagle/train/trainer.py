@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -323,14 +323,20 @@ def holdout_data(run: Run) -> dict | None:
     holdout = data_mod.load_token_dataset(cfg.holdout_data) if cfg.holdout_data else None
     if holdout is None or not cfg.distill:
         return holdout
-    holdout_file = run.out / "holdout_distilled.pt"
-    if holdout_file.exists():
-        return data_mod.load_token_dataset(holdout_file)
-    holdout = self_distill(run.model, run.target.tokenizer,
-                           [p[-cfg.prompt_tail:] for p in holdout["prompt_ids"][: cfg.eval_sequences]],
-                           cfg.distill_max_new, cfg.distill_batch, sample_every=0)
-    data_mod.save_token_dataset(holdout, holdout_file)
-    return holdout
+    return greedy_replies(run.model, run.target.tokenizer, lambda: holdout["prompt_ids"][: cfg.eval_sequences],
+                          cfg, run.out / "holdout_distilled.pt")
+
+
+def greedy_replies(model, tokenizer, prompt_ids: Callable[[], list[list[int]]], cfg: TrainConfig, path: Path) -> dict:
+    """The target's greedy replies to the prompts `prompt_ids()` gives (each cut to its last `prompt_tail`
+    tokens, `distill_max_new` at most, in batches of `distill_batch`): written to `path` once, read back
+    after (the prompts are not asked for then)."""
+    if path.exists():
+        return data_mod.load_token_dataset(path)
+    replies = self_distill(model, tokenizer, [p[-cfg.prompt_tail:] for p in prompt_ids()], cfg.distill_max_new,
+                           cfg.distill_batch, sample_every=0)
+    data_mod.save_token_dataset(replies, path)
+    return replies
 
 
 def trainable(run: Run, train_data: dict | None) -> dict | None:
