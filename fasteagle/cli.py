@@ -116,12 +116,19 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    from fasteagle.train.trainer import TrainConfig, read_config_file, train
+def train_settings(args) -> dict:
+    """`train`'s TrainConfig settings: --config's, then the flags given over them."""
+    from fasteagle.train.trainer import TrainConfig, read_config_file
 
-    settings = read_config_file(args.config) if args.config else {}  # the flags given override it
-    settings |= {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if getattr(args, k, None) is not None}
-    cfg = TrainConfig(**settings).check()  # every setting, before the target loads
+    settings = read_config_file(args.config) if args.config else {}
+    return settings | {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__
+                       if getattr(args, k, None) is not None}
+
+
+def cmd_train(args) -> int:
+    from fasteagle.train.trainer import TrainConfig, train
+
+    cfg = TrainConfig(**train_settings(args)).check()  # every setting, before the target loads
     train(cfg, command=_command())
     return 0
 

@@ -487,21 +487,22 @@ def build_text_prompt_dataset(tokenizer: Any, prompts: Iterable[dict[str, str]],
     return out
 
 
-def exclude_distilled(data: dict[str, list], runs: Sequence[str]) -> dict[str, list]:
-    """`data` without the prompts earlier distillation runs over this same prompt file used. Each
-    run is "SEED:BATCH:BATCHES" (its seed, its distill batch size, how many batches it did, i.e.
-    its shard count), which fixes the prompts it visited (`teacher.distill_order`); so a new run
-    gets fresh prompts however its own seed orders them."""
+def distilled_by(data: dict[str, list], runs: Sequence[str], keep: bool = False) -> dict[str, list]:
+    """`data` without (or, with `keep`, only) the prompts earlier distillation runs over this same prompt
+    file visited. Each run is "SEED:BATCH:BATCHES" (its seed, its distill batch size, how many batches
+    it did, i.e. its shard count), which fixes the prompts it visited (`teacher.distill_order`); so a
+    new run gets fresh prompts however its own seed orders them, or exactly the earlier run's prompts
+    without its time cap (what a recipe that replays a timed run needs)."""
     lengths = [min(len(p), PROMPT_TAIL) for p in data["prompt_ids"]]
     used: set[int] = set()
     for run in runs:
         try:
             seed, batch, batches = (int(x) for x in run.split(":"))
         except ValueError:
-            raise FastEagleError(f"--exclude-distilled wants SEED:BATCH:BATCHES (integers), not {run!r}") from None
+            raise FastEagleError(f"a distillation run is SEED:BATCH:BATCHES (integers), not {run!r}") from None
         used.update(distill_order(lengths, batch, seed)[: batch * batches])
-    keep = [i for i in range(len(lengths)) if i not in used]
-    return {k: [data[k][i] for i in keep] for k in TOKEN_DATASET_KEYS}
+    chosen = [i for i in range(len(lengths)) if (i in used) == keep]
+    return {k: [data[k][i] for i in chosen] for k in TOKEN_DATASET_KEYS}
 
 
 def human_eval_prompts() -> list[dict[str, str]]:
@@ -639,7 +640,8 @@ def _stats() -> None:
     print(f"usable conversations: {total}  train: {total - holdout}  holdout: {holdout}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> Parser:
+    """The command line (a recipe checks its steps' arguments with it before anything runs)."""
     parser = Parser(prog="python -m fasteagle.train.data", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-prompts", action="store_true", help="write the evaluation prompt files")
     parser.add_argument("--out-dir", default="assets/prompts", help="where --write-prompts writes")
@@ -659,9 +661,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exclude-distilled", action="append", default=[], metavar="SEED:BATCH:BATCHES",
                         help="with --prompts-out: leave out the prompts a distillation run over the same prompts "
                              "used (its seed, distill batch size and shard count); repeatable")
-    args = parser.parse_args(argv)
+    parser.add_argument("--only-distilled", action="append", default=[], metavar="SEED:BATCH:BATCHES",
+                        help="with --prompts-out: keep only the prompts such a run used (the same prompts "
+                             "again, without its time cap), after --exclude-distilled; repeatable")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
     if not (args.write_prompts or args.stats or args.prompts_out):
-        parser.error("nothing to do: pass --write-prompts, --prompts-out and/or --stats")
+        p.error("nothing to do: pass --write-prompts, --prompts-out and/or --stats")
     return run_command(lambda: _run(args))
 
 
@@ -686,9 +696,11 @@ def _run(args) -> int:
                 data = build_prompt_dataset(tok, args.split, args.max_prompt_tokens)
         n = len(data["ids"])
         if args.exclude_distilled:
-            data = exclude_distilled(data, args.exclude_distilled)
+            data = distilled_by(data, args.exclude_distilled)
+        if args.only_distilled:
+            data = distilled_by(data, args.only_distilled, keep=True)
         save_token_dataset(data, args.prompts_out)
-        dropped = f" ({n - len(data['ids'])} already distilled left out)" if args.exclude_distilled else ""
+        dropped = f" ({n - len(data['ids'])} left out)" if args.exclude_distilled or args.only_distilled else ""
         print(f"wrote {len(data['ids'])} prompts to {args.prompts_out}{dropped}")
     if args.write_prompts:
         for p in write_prompt_files(args.out_dir, args.n_chat, args.n_code):

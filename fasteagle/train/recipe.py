@@ -78,9 +78,7 @@ def load(path: str | Path) -> Recipe:
     from fasteagle.train.trainer import TrainConfig
 
     path = Path(path)
-    if not path.is_file():
-        raise FastEagleError(f"no recipe file at {path}")
-    recipe = from_json(Recipe, json.loads(path.read_text(encoding="utf-8")), f"recipe {path}")
+    recipe = from_json(Recipe, _read(path), f"recipe {path}")
     recipe.out = recipe.out or str(Path("runs") / path.stem)
     unknown = sorted(set(recipe.prompts) - set(SOURCES))
     if unknown:
@@ -97,6 +95,16 @@ def load(path: str | Path) -> Recipe:
         raise FastEagleError(f"recipe {path}: ship needs steps (one of its budgets) and to (drafter -> folder), "
                              f"not {recipe.ship}")
     return recipe
+
+
+def _read(path: str | Path):
+    path = Path(path)
+    if not path.is_file():
+        raise FastEagleError(f"no recipe file at {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FastEagleError(f"recipe {path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
 
 
 def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str | None = None) -> None:
@@ -468,17 +476,28 @@ def _command() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m fasteagle.train.recipe", description=__doc__.splitlines()[0])
     p.add_argument("recipe", help="recipe JSON file (see assets/recipes/)")
-    p.add_argument("--stages", default=",".join(DEFAULT_STAGES),
-                   help=f"comma list of: {', '.join(STAGES)} (default: all but ship)")
+    p.add_argument("--stages", default=None,
+                   help=f"comma list of: {', '.join(STAGES)} (default: all but ship); for a recipe of steps "
+                        "(fasteagle/train/steps.py), of its step names (default: all)")
     p.add_argument("--out", default=None, help="where the runs go (default: the recipe's out, or runs/<its name>)")
     p.add_argument("--report", default=None, metavar="FILE", help="the report's result file (default: in --out)")
+    p.add_argument("--dry-run", action="store_true", help="a recipe of steps: print its commands, run nothing")
     args = p.parse_args(argv)
-    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
-    bad = [s for s in stages if s not in STAGES]
-    if bad or not stages:
-        p.error(f"--stages takes {', '.join(STAGES)}, not {bad[0] if bad else 'nothing'!r}")
+    names = [s.strip() for s in (args.stages or "").split(",") if s.strip()]
 
     def go() -> int:
+        from fasteagle.train import steps
+
+        raw = _read(args.recipe)
+        if steps.is_step_recipe(raw):
+            steps.run(steps.load(args.recipe, raw, args.out), names, args.dry_run)
+            return 0
+        stages = tuple(names) if args.stages is not None else DEFAULT_STAGES
+        bad = [s for s in stages if s not in STAGES]
+        if bad or not stages:
+            raise FastEagleError(f"--stages takes {', '.join(STAGES)}, not {bad[0] if bad else 'nothing'!r}")
+        if args.dry_run:
+            raise FastEagleError("--dry-run is for a recipe of steps (one with \"steps\")")
         recipe = load(args.recipe)
         recipe.out = args.out or recipe.out
         run(recipe, stages, args.report)

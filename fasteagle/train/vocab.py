@@ -41,13 +41,19 @@ def coverage(ids: torch.Tensor | None, counts: torch.Tensor) -> float:
     return 1.0 if ids is None else float(counts[ids].sum() / counts.sum().clamp_min(1))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> Parser:
+    """The command line (a recipe checks its steps' arguments with it before anything runs)."""
     p = Parser(prog="python -m fasteagle.train.vocab", description=__doc__.splitlines()[0])
     p.add_argument("drafter", help="drafter directory (rewritten in place unless --out)")
     p.add_argument("--size", type=int, required=True, help="tokens in the compact vocab")
     p.add_argument("--data", nargs="+", required=True,
                    help="saved token datasets (e.g. distilled replies) or folders of feature shards")
     p.add_argument("--out", default=None, help="write the drafter here instead")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.size < 1:
         p.error("--size must be at least 1")

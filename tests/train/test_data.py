@@ -288,17 +288,19 @@ def test_distill_order_is_a_seeded_permutation_sorted_within_windows() -> None:
         assert [lengths[i] for i in order[w:w + 32]] == sorted(lengths[i] for i in order[w:w + 32])
 
 
-def test_exclude_distilled_leaves_out_exactly_the_prompts_a_run_visited(tmp_path: Path) -> None:
+def test_distilled_by_leaves_out_or_keeps_exactly_the_prompts_a_run_visited(tmp_path: Path) -> None:
     from fasteagle.train.teacher import distill_order
 
     data = _prompt_file(70)
     lengths = [len(p) for p in data["prompt_ids"]]
     visited = set(distill_order(lengths, 4, 1)[:12]) | set(distill_order(lengths, 8, 2)[:8])
-    rest = D.exclude_distilled(data, ["1:4:3", "2:8:1"])
+    rest = D.distilled_by(data, ["1:4:3", "2:8:1"])
     assert rest["ids"] == [f"c{i}" for i in range(70) if i not in visited]
     assert rest["prompt_ids"] == [data["prompt_ids"][i] for i in range(70) if i not in visited]
     with pytest.raises(FastEagleError, match="SEED:BATCH:BATCHES"):
-        D.exclude_distilled(data, ["1:4"])
+        D.distilled_by(data, ["1:4"])
+    same = D.distilled_by(data, ["1:4:3", "2:8:1"], keep=True)  # the complement, in file order
+    assert same["ids"] == [f"c{i}" for i in sorted(visited)]
     # the command line: from a saved prompt file to the fresh prompts
     D.save_token_dataset(data, tmp_path / "prompts.pt")
     assert D.main(["--prompts-out", str(tmp_path / "rest.pt"), "--from", str(tmp_path / "prompts.pt"),
@@ -306,6 +308,11 @@ def test_exclude_distilled_leaves_out_exactly_the_prompts_a_run_visited(tmp_path
     assert D.load_token_dataset(tmp_path / "rest.pt") == rest
     assert D.main(["--prompts-out", str(tmp_path / "x.pt"), "--from", str(tmp_path / "prompts.pt"),
                    "--exclude-distilled", "a:b:c"]) == 2
+    # the prompts a second run over the rest visited: exclusion first, then the run's order over what is left
+    assert D.main(["--prompts-out", str(tmp_path / "next.pt"), "--from", str(tmp_path / "prompts.pt"),
+                   "--exclude-distilled", "1:4:3", "--exclude-distilled", "2:8:1", "--only-distilled", "5:4:2"]) == 0
+    order = distill_order([len(p) for p in rest["prompt_ids"]], 4, 5)[:8]
+    assert D.load_token_dataset(tmp_path / "next.pt")["ids"] == [rest["ids"][i] for i in sorted(order)]
 
 
 # --------------------------------------------------------------------------------------------
