@@ -137,7 +137,8 @@ def test_every_documented_fasteagle_command_parses_and_its_configs_exist():
     from fasteagle.train.trainer import TrainConfig, read_config_file
 
     cmds = documented("fasteagle")
-    assert len(cmds) > 20 and {argv[0] for _, argv in cmds} >= {"generate", "bench", "train"}
+    assert len(cmds) > 5 and {argv[0] for _, argv in cmds} >= {"generate", "bench", "train"}  # (the recipes' steps
+    # are parsed by the recipe loader: test_the_shipped_training_configs_pass_the_checks)
     parser = cli.build_parser()
     for page, argv in cmds:
         if "--help" in argv:

@@ -28,6 +28,9 @@ goes on from its last checkpoint):
             where the repository keeps its drafters: weights, config, the settings they trained with,
             a holdout evaluation (teacher-forced on the target's greedy replies to ShareGPT holdout
             prompts) and a one-stage training log. The model card beside them is written by hand.
+
+A recipe with `steps` instead is a drafter trained stage by stage, as it was (fasteagle/train/steps.py);
+the same command runs it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from pathlib import Path
 from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.fields import from_json
 from fasteagle.files import check_writable, write_text
+from fasteagle.train import steps as step_recipes
 
 STAGES = ("prompts", "data", "tune", "train", "eval", "report", "ship")
 DEFAULT_STAGES = STAGES[:-1]  # ship writes into the repository's drafters: only when asked
@@ -72,13 +76,17 @@ class Recipe:
         return self.train | {k: v for k, v in self.drafters[name].items() if k != "budgets"}
 
 
-def load(path: str | Path) -> Recipe:
-    """A recipe file, every field and every drafter's settings checked before anything runs."""
+def load(path: str | Path) -> Recipe | step_recipes.StepRecipe:
+    """A recipe file, every field and every drafter's settings checked before anything runs (a recipe of
+    steps, fasteagle/train/steps.py, every step's)."""
     from fasteagle.train.tasks import SOURCES
     from fasteagle.train.trainer import TrainConfig
 
     path = Path(path)
-    recipe = from_json(Recipe, _read(path), f"recipe {path}")
+    raw = _read(path)
+    if step_recipes.is_step_recipe(raw):
+        return step_recipes.load(path, raw)
+    recipe = from_json(Recipe, raw, f"recipe {path}")
     recipe.out = recipe.out or str(Path("runs") / path.stem)
     unknown = sorted(set(recipe.prompts) - set(SOURCES))
     if unknown:
@@ -486,11 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [s.strip() for s in (args.stages or "").split(",") if s.strip()]
 
     def go() -> int:
-        from fasteagle.train import steps
-
-        raw = _read(args.recipe)
-        if steps.is_step_recipe(raw):
-            steps.run(steps.load(args.recipe, raw, args.out), names, args.dry_run)
+        recipe = load(args.recipe)
+        recipe.out = args.out or recipe.out
+        if isinstance(recipe, step_recipes.StepRecipe):
+            step_recipes.run(recipe, names, args.dry_run)
             return 0
         stages = tuple(names) if args.stages is not None else DEFAULT_STAGES
         bad = [s for s in stages if s not in STAGES]
@@ -498,8 +505,6 @@ def main(argv: list[str] | None = None) -> int:
             raise FastEagleError(f"--stages takes {', '.join(STAGES)}, not {bad[0] if bad else 'nothing'!r}")
         if args.dry_run:
             raise FastEagleError("--dry-run is for a recipe of steps (one with \"steps\")")
-        recipe = load(args.recipe)
-        recipe.out = args.out or recipe.out
         run(recipe, stages, args.report)
         return 0
 

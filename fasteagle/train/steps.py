@@ -70,11 +70,11 @@ def is_step_recipe(raw) -> bool:
     return isinstance(raw, dict) and "steps" in raw
 
 
-def load(path: str | Path, raw: dict, out: str | None = None) -> StepRecipe:
+def load(path: str | Path, raw: dict) -> StepRecipe:
     """A step recipe (parsed JSON `raw` of file `path`), every step checked before anything runs."""
     what = f"recipe {path}"
     recipe = from_json(StepRecipe, raw, what)
-    recipe.out = out or recipe.out or str(Path("runs") / Path(path).stem)
+    recipe.out = recipe.out or str(Path("runs") / Path(path).stem)
     if not isinstance(recipe.steps, list) or not recipe.steps:
         raise FastEagleError(f"{what}: steps must be a non-empty list")
     recipe.steps = [from_json(Step, s, f"{what}, step {i + 1}") for i, s in enumerate(recipe.steps)]
