@@ -24,7 +24,7 @@ LAYERS = [
     {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench", "fasteagle.bench.prompts",
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
      "fasteagle.bench.plots"},
-    {"fasteagle.cli", "fasteagle.__main__", "fasteagle.train.recipe"},
+    {"fasteagle.cli", "fasteagle.__main__", "fasteagle.train.recipe", "fasteagle.train.steps"},
 ]
 
 
