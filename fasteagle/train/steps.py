@@ -20,6 +20,7 @@ command on a GPU machine goes on from there.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -65,6 +66,10 @@ class StepRecipe:
     def command(self, step: Step) -> list[str]:
         return [sys.executable, "-m", *COMMANDS[step.run], *self.argv(step)]
 
+    def typed(self, step: Step) -> str:
+        """The step's command as a user types it (what is printed and recorded)."""
+        return shlex.join(["python", *self.command(step)[1:]])
+
 
 def is_step_recipe(raw) -> bool:
     return isinstance(raw, dict) and "steps" in raw
@@ -108,7 +113,7 @@ def check_step(recipe: StepRecipe, step: Step, made: list[str], what: str) -> No
     if step.run == "train":
         from fasteagle.train.trainer import TrainConfig
 
-        TrainConfig(**train_settings(recipe, step)).check()
+        TrainConfig(**train_settings(recipe, step, ns)).check()
     outs = outputs(step, ns)
     out = recipe.out.rstrip("/") + "/"
     for arg in recipe.argv(step):
@@ -145,20 +150,19 @@ def outputs(step: Step, ns) -> list[str]:
     return [ns.out]
 
 
-def train_settings(recipe: StepRecipe, step: Step) -> dict:
+def train_settings(recipe: StepRecipe, step: Step, ns=None) -> dict:
     """A training step's TrainConfig settings: its --config (one of the recipe's `configs`, or a file),
-    then its flags over them, as `python -m fasteagle train` resolves them."""
+    then its flags over them, as `python -m fasteagle train` resolves them (`ns`: its arguments parsed)."""
     from fasteagle.cli import train_settings as resolve
     from fasteagle.train.trainer import read_config_file
 
-    ns = parse(recipe, step)
+    ns = ns or parse(recipe, step)
     base = {}
     if ns.config:
         name = Path(ns.config)
         base = (recipe.configs[name.name] if str(name.parent) == str(Path(recipe.out) / "configs")
                 and name.name in recipe.configs else read_config_file(ns.config))
-        ns.config = None
-    return base | resolve(ns)
+    return base | resolve(argparse.Namespace(**(vars(ns) | {"config": None})))
 
 
 def run(recipe: StepRecipe, names: list[str] | None = None, dry_run: bool = False) -> None:
@@ -173,7 +177,7 @@ def run(recipe: StepRecipe, names: list[str] | None = None, dry_run: bool = Fals
         for s in steps:
             done = " (done)" if (out / "done" / f"{s.name}.json").exists() else ""
             env = "".join(f"{k}={v} " for k, v in s.env.items())
-            print(f"# {s.name}{done}\n{env}{shlex.join(['python', *recipe.command(s)[1:]])}")
+            print(f"# {s.name}{done}\n{env}{recipe.typed(s)}")
         return
     check_writable(out, "the recipe's out folder", directory=True)
     for name, settings in recipe.configs.items():
@@ -186,14 +190,13 @@ def run(recipe: StepRecipe, names: list[str] | None = None, dry_run: bool = Fals
         if s.device == "cuda" and not _has_cuda():
             raise FastEagleError(f"step {s.name} needs a GPU and this machine has none; {i} of {len(steps)} steps "
                                  "are done: run the same command on a GPU machine to go on from here")
-        cmd = recipe.command(s)
-        print(f"[{i + 1}/{len(steps)}] {s.name}: {shlex.join(['python', *cmd[1:]])}", flush=True)
+        print(f"[{i + 1}/{len(steps)}] {s.name}: {recipe.typed(s)}", flush=True)
         t0 = time.monotonic()
-        rc = subprocess.run(cmd, env=os.environ | {k: str(v) for k, v in s.env.items()}).returncode
+        rc = subprocess.run(recipe.command(s), env=os.environ | {k: str(v) for k, v in s.env.items()}).returncode
         if rc:
             raise FastEagleError(f"step {s.name} failed (exit code {rc}); fix it and run again: "
                                  "the steps done are skipped")
-        write_text(marker, json.dumps({"command": shlex.join(["python", *cmd[1:]]), "env": s.env,
+        write_text(marker, json.dumps({"command": recipe.typed(s), "env": s.env,
                                        "minutes": round((time.monotonic() - t0) / 60, 2),
                                        "date": time.strftime("%Y-%m-%d %H:%M")}, indent=1))
 
