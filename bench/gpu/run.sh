@@ -5,7 +5,7 @@
 # (--profile-step). Each step stops in time for the ones after it, so a loan ends with results on disk.
 # docs/training.md has the commands each GPU stage of the shipped drafter ran; each result file its own.
 #
-# Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [CODE=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
+# Usage: [DRAFT_STEP=1] [INTER=1536] [SAMPLED=0] [CODE=0] [TASKS=0] [ADD_DATA="a.pt b.pt"] [TRAIN=1] [DRAFT_VOCAB=49152]
 #        [BATCH_TOKENS=32768] [TREE=auto] [BF16=1] [RESERVE=210] [PROFILE=1] [METHODS=...] [LIMIT=10]
 #        bash bench/gpu/run.sh [BUDGET_SECONDS=585] [OUT_DIR=runs/gpu-session]
 # Needs data/train_prompts.pt and data/holdout_prompts.pt (python -m fasteagle.train.data --prompts-out ...).
@@ -16,6 +16,10 @@
 #   CODE=1      the target answers the code prompts of data/code_prompts.pt too (python -m fasteagle.train.data
 #               --prompts-out data/code_prompts.pt --code) and training uses those replies: ShareGPT has
 #               little code, and HumanEval stays for evaluation.
+#   TASKS=1     the target answers the prompts beyond chat of data/task_prompts.pt too (translation,
+#               summarization, QA, math, retrieval QA, long documents: python -m fasteagle.train.tasks
+#               --prompts-out data/task_prompts.pt), training uses those replies, and a per-category tau
+#               (tasks_holdout.jsonl at 6 and 60 nodes) follows the bench.
 #   ADD_DATA    more saved token datasets to train on.
 #   TRAIN=0     no training: benches the shipped drafter.
 #   DRAFT_VOCAB grows the drafter's draft vocabulary (49152: all of SmolLM2's); a bigger head needs more
@@ -69,6 +73,14 @@ if [ "${CODE:-0}" = 1 ]; then
   EXTRA="$EXTRA --add-data runs/gpu-replies-code/distilled.pt"
   echo "[t=$(el)] code replies written"
 fi
+# 2d. the target's replies to prompts beyond chat (ShareGPT users rarely ask for a translation or a summary)
+if [ "${TASKS:-0}" = 1 ]; then
+  $PY -m fasteagle train --out runs/gpu-replies-tasks --data data/task_prompts.pt \
+    --holdout-data data/holdout_prompts.pt --distill --distill-only --distill-max-new 256 --distill-batch 256 \
+    --distill-minutes 2.0 --prompt-tail 4096 --features online --eval-sequences 60 --device cuda --dtype fp32
+  EXTRA="$EXTRA --add-data runs/gpu-replies-tasks/distilled.pt"
+  echo "[t=$(el)] task replies written"
+fi
 for f in ${ADD_DATA:-}; do EXTRA="$EXTRA --add-data $f"; done
 
 # 3. training: what is left after RESERVE seconds kept for the bench, the profile, loading and the two evaluations
@@ -97,6 +109,13 @@ if [ "${BF16:-0}" = 1 ]; then
     --methods vanilla,hf-generate,eagle3,fasteagle,fasteagle+lookup --max-new-tokens 128 --device cuda --dtype bf16 \
     --drafter "$DR" --out "$OUT/gpu-smollm2-135m-chat10-bf16.json" --tree "${TREE:-auto}"
   echo "[t=$(el)] bf16 bench done"
+fi
+
+if [ "${TASKS:-0}" = 1 ]; then
+  timeout $(( B - $(el) - 30 )) $PY -m fasteagle bench --prompts assets/prompts/tasks_holdout.jsonl --methods fasteagle \
+    --budget-curve 6,60 --max-new-tokens 64 --device cuda --dtype fp32 --drafter "$DR" \
+    --out "$OUT/gpu-smollm2-135m-tasks144-tau.json"
+  echo "[t=$(el)] per-category tau done"
 fi
 
 # 5. where the step's time goes: per phase ms and dispatched ops
