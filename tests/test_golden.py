@@ -2,7 +2,8 @@
 the same steps as recorded (tokens, tree, verdicts, accepted path). Restructuring code must not
 change what any method does; this is the check. After a change that is meant to alter decoding,
 rewrite the files with `FASTEAGLE_WRITE_GOLDEN=1 python -m pytest tests/test_golden.py` and say why
-in the commit.
+in the commit. The shipped drafters' traces may differ from another CPU's where the kernels break a
+near-tie among a drafter's rejected candidates; `same_where_it_counts` says what must still hold.
 
 Two sets: the tiny target with untrained drafters steered toward vanilla's reply (fast, deep
 paths), and the real default target with the shipped drafters through the CLI's method builder."""
@@ -43,7 +44,8 @@ def record(target, drafter, ids: torch.Tensor, max_new: int, sampling: SamplingP
     return steps
 
 
-def check(name: str, got: dict) -> None:
+def check(name: str, got: dict, loose: tuple[str, ...] = ()) -> None:
+    """Every trace as recorded, step for step; the methods in `loose` as `same_where_it_counts` says."""
     file = GOLDEN / f"{name}.json"
     if WRITE:
         file.parent.mkdir(exist_ok=True)
@@ -51,7 +53,32 @@ def check(name: str, got: dict) -> None:
     want = json.loads(file.read_text())
     assert sorted(got) == sorted(want)
     for key in want:
-        assert got[key] == want[key], f"{name}: {key} decodes differently from the recorded trace"
+        method, mode, _ = key.split("/")
+        same = (got[key] == want[key] if method not in loose
+                else same_where_it_counts(got[key], want[key], sampled=mode == "sampled"))
+        assert same, f"{name}: {key} decodes differently from the recorded trace"
+
+
+def same_where_it_counts(got: list[dict], want: list[dict], sampled: bool) -> bool:
+    """A trained drafter's trace against its record, where another CPU's kernels may break a near-tie
+    among the drafter's weaker candidates the other way (an AMD and an Intel AVX-512 core do): every
+    step must emit, accept and verify as recorded, with the recorded accepted nodes; a node the target
+    did not accept may differ. Sampled verification draws its random numbers along the tree, so a
+    sampled decode is compared up to the first step whose tree differs, where the first differing node
+    must be one the target did not accept; a greedy decode is compared to its end."""
+    if not sampled and len(got) != len(want):
+        return False
+    for a, b in zip(got, want):
+        if sampled and (a["tree"], a["parents"]) != (b["tree"], b["parents"]):
+            first = next((i for i, n in enumerate(zip(a["tree"], a["parents"], b["tree"], b["parents"]))
+                          if n[:2] != n[2:]), len(b["status"]))
+            return first < len(b["status"]) and b["status"][first] != 1  # a node the target did not accept
+        kept = [i for i, s in enumerate(b["status"]) if s == 1]
+        if any(a[k] != b[k] for k in ("tokens", "depths", "status", "path", "finished")):
+            return False
+        if b["tree"] is not None and any(a[k][i] != b[k][i] for k in ("tree", "parents") for i in kept):
+            return False
+    return True
 
 
 def tiny_methods(target, reference: list[int]) -> dict:
@@ -99,4 +126,4 @@ def test_default_target_with_shipped_drafters_decodes_as_recorded(smollm):
             for i, prompt in enumerate(prompts):
                 got[f"{name}/{mode}/{i}"] = record(smollm, drafter, chat_prompt_ids(smollm, prompt), 32, sampling,
                                                    seed=11)
-    check("smollm2-135m", got)
+    check("smollm2-135m", got, loose=("fasteagle", "eagle3", "fasteagle+lookup"))
