@@ -66,8 +66,6 @@ def same_where_it_counts(got: list[dict], want: list[dict], sampled: bool) -> bo
     did not accept may differ. Sampled verification draws its random numbers along the tree, so a
     sampled decode is compared up to the first step whose tree differs, where the first differing node
     must be one the target did not accept; a greedy decode is compared to its end."""
-    if not sampled and len(got) != len(want):
-        return False
     for a, b in zip(got, want):
         if sampled and (a["tree"], a["parents"]) != (b["tree"], b["parents"]):
             first = next((i for i, n in enumerate(zip(a["tree"], a["parents"], b["tree"], b["parents"]))
@@ -78,7 +76,7 @@ def same_where_it_counts(got: list[dict], want: list[dict], sampled: bool) -> bo
             return False
         if b["tree"] is not None and any(a[k][i] != b[k][i] for k in ("tree", "parents") for i in kept):
             return False
-    return True
+    return len(got) == len(want)
 
 
 def tiny_methods(target, reference: list[int]) -> dict:

@@ -111,6 +111,7 @@ if [ "${BF16:-0}" = 1 ]; then
   echo "[t=$(el)] bf16 bench done"
 fi
 
+# 4b. tau per prompt category (translation, summarization, QA, math, retrieval QA, chat) with the drafter trained above
 if [ "${TASKS:-0}" = 1 ]; then
   timeout $(( B - $(el) - 30 )) $PY -m fasteagle bench --prompts assets/prompts/tasks_holdout.jsonl --methods fasteagle \
     --budget-curve 6,60 --max-new-tokens 64 --device cuda --dtype fp32 --drafter "$DR" \
