@@ -1,4 +1,4 @@
-"""Command line: `python -m fasteagle {generate,train,bench} ...`. User errors print one line."""
+"""Command line: `python -m fasteagle {generate,train,bench,export} ...`. User errors print one line."""
 
 from __future__ import annotations
 
@@ -24,9 +24,12 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_SHAPES
 
     p.add_argument("--drafter", default=None,
-                   help=f"FastEagle drafter directory (default: assets/drafters/{DEFAULT_DRAFTER.name})")
+                   help=f"a trained drafter: a folder or a Hugging Face id (default: assets/drafters/"
+                        f"{DEFAULT_DRAFTER.name}); an EAGLE-3 drafter (ours, or a checkpoint of the EAGLE, SpecForge "
+                        "or vLLM format) is what --method eagle3 decodes with")
     p.add_argument("--eagle3-drafter", dest="eagle3_drafter", default=None,
-                   help=f"EAGLE-3-style drafter directory (default: assets/drafters/{DEFAULT_EAGLE3.name})")
+                   help=f"the EAGLE-3 drafter, when --drafter names the FastEagle one (default: assets/drafters/"
+                        f"{DEFAULT_EAGLE3.name})")
     p.add_argument("--no-draft-int8", dest="draft_int8", action="store_const", const=False, default=None,
                    help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
                         "same either way, only the draft's speed and acceptance move)")
@@ -73,6 +76,13 @@ def method_settings(args) -> Settings:
     """The drafter settings the flags of `_add_method_args` give; a flag the command lacks is left to the default."""
     k = getattr(args, "tree_k", None)
     drafter, eagle3 = getattr(args, "drafter", None), getattr(args, "eagle3_drafter", None)
+    if drafter or eagle3:
+        from fasteagle.eagle3_format import resolve
+        from fasteagle.methods import drafter_kind
+
+        drafter, eagle3 = drafter and resolve(drafter), eagle3 and resolve(eagle3)
+        if drafter and not eagle3 and drafter_kind(drafter) == "eagle3":  # --drafter names an EAGLE-3 drafter
+            drafter, eagle3 = None, drafter
     return Settings(tree_budget=getattr(args, "tree_budget", None),
                     tree_k=tuple(parse_tree_k(k)) if k is not None else None,
                     tree_shape=getattr(args, "tree_shape", None), full_vocab=getattr(args, "full_vocab", None),
@@ -427,7 +437,34 @@ def build_parser() -> argparse.ArgumentParser:
     _generate_parser(sub)
     _train_parser(sub)
     _bench_parser(sub)
+    _export_parser(sub)
     return parser
+
+
+def _export_parser(sub) -> None:
+    """`export`: our EAGLE-3-style drafter as an EAGLE-3 checkpoint (vLLM, SGLang, the EAGLE repository)."""
+    e = sub.add_parser("export", help="write an EAGLE-3-style drafter in the EAGLE-3 format vLLM and SGLang serve")
+    e.add_argument("--drafter", default=str(DEFAULT_EAGLE3), help=f"our drafter folder (default: assets/drafters/"
+                   f"{DEFAULT_EAGLE3.name})")
+    e.add_argument("--out", required=True, help="the checkpoint folder to write (config.json, model.safetensors)")
+    e.add_argument("--target", default=None, help="the drafter's target, whose LM head rows the checkpoint "
+                   "carries (default: embedded SmolLM2-135M-Instruct)")
+    e.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> int:
+    from fasteagle import eagle3_format
+    from fasteagle.draftbase import peek
+    from fasteagle.methods import load_drafter
+    from fasteagle.target import load_target
+
+    src = eagle3_format.resolve(args.drafter)
+    (eagle3_format.peek if eagle3_format.is_checkpoint(src) else peek)(src)
+    target = load_target(args.target, "cpu", "fp32", pack=False)
+    out = eagle3_format.export(load_drafter(src, target.model, int8=False), args.out, target.name)
+    print(f"wrote {out}: vLLM serves it with speculative_config={{\"method\": \"eagle3\", \"model\": \"{out}\", "
+          "\"num_speculative_tokens\": 3}")
+    return 0
 
 
 def _generate_parser(sub) -> None:
@@ -491,6 +528,9 @@ def _train_parser(sub) -> None:
                    help="fasteagle: the cascade (default); eagle3: the autoregressive baseline")
     t.add_argument("--num-layers", dest="num_layers", type=int, default=None, help="cascade layers (fasteagle)")
     t.add_argument("--depth", type=int, default=None, help="training-time-test steps and tree depth (eagle3)")
+    t.add_argument("--layout", choices=["eagle3", "proj"], default=None,
+                   help="eagle3's network: EAGLE-3's own (default; exports to the EAGLE-3 format vLLM and SGLang "
+                        "serve) or proj, ours before it (a projection in front of a stock layer)")
     t.add_argument("--intermediate", type=int, default=None,
                    help="MLP channels per drafter layer (default 768)")
     t.add_argument("--mixed-precision", dest="mixed_precision", choices=["auto", "bf16", "no"], default=None,
@@ -556,10 +596,11 @@ def _check_args(args) -> None:
             args.prompt.encode("utf-8")
         except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
             raise FastEagleError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
+    from fasteagle import eagle3_format
     from fasteagle.draftbase import peek
 
     for path in _drafter_dirs(args):
-        peek(path)
+        (eagle3_format.peek if eagle3_format.is_checkpoint(path) else peek)(path)
     if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
         raise FastEagleError(f"--seed must be between 0 and 2**64 - 1 (got {args.seed})")
     if hasattr(args, "temperature"):

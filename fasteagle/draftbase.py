@@ -47,6 +47,7 @@ class DrafterConfig:
     num_kv_heads: int = 0
     head_dim: int = 0
     rope_theta: float = 10000.0
+    rope: dict = field(default_factory=dict)  # rotary scaling beyond the default (e.g. Llama 3.1's "llama3")
     rms_norm_eps: float = 1e-5
     max_positions: int = 8192
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
@@ -54,6 +55,16 @@ class DrafterConfig:
     draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)
     kind: str = "fasteagle"
+    # EAGLE-3-style drafter only: "proj" (ours: a projection in front of a stock layer) or "eagle3" (EAGLE-3's
+    # own: layer 0's attention reads [norm(embed); norm(hidden)], 2W wide; what `fasteagle.eagle3_format`
+    # imports and exports), and the switches of that format (vLLM's `llama_eagle3.py` reads the same)
+    layout: str = "proj"
+    norm_before_residual: bool = False  # layer 0's residual is norm(hidden), not hidden
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated target features before `fc`
+    fc_norm: bool = False  # one RMSNorm per target feature before `fc`
+    attention_bias: bool = False
+    own_head: bool = False  # an LM head of its own over the draft vocab (imported), not the target's
+    own_embed: bool = False  # an embedding of its own (imported), not the target's
 
     @classmethod
     def for_target(cls, model: nn.Module, name: str, **overrides) -> DrafterConfig:
@@ -80,7 +91,8 @@ class DrafterConfig:
             hidden_size=self.width, intermediate_size=self.intermediate, num_attention_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, num_hidden_layers=self.num_layers,
             rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_positions, vocab_size=self.vocab_size,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta} | self.rope,
+            attention_bias=self.attention_bias,
         )
         lc._attn_implementation = "sdpa"
         return lc
@@ -179,8 +191,10 @@ class DrafterBase(nn.Module):
         if self.cfg.width != self.cfg.target_hidden:
             return self
         for mine, theirs in zip(self.layers, src):
+            theirs_params = dict(theirs.named_parameters())
             for name, p in mine.named_parameters():
-                q = dict(theirs.named_parameters())[name]
+                if (q := theirs_params.get(name)) is None:  # EAGLE-3's hidden_norm: the target has none
+                    continue
                 if name.endswith(("gate_proj.weight", "up_proj.weight")):
                     q = q[: p.shape[0]]
                 elif name.endswith("down_proj.weight"):
@@ -328,7 +342,9 @@ class DrafterBase(nn.Module):
         return self
 
     def head_weight(self) -> torch.Tensor:
-        """The frozen LM head restricted to the draft vocab (sliced once, not per call)."""
+        """The frozen LM head restricted to the draft vocab (sliced once, not per call), or the drafter's own."""
+        if self.cfg.own_head:
+            return self.lm_head.weight
         w = self._frozen[1].weight
         if self.vocab_ids.numel() == w.shape[0]:
             return w
@@ -337,18 +353,27 @@ class DrafterBase(nn.Module):
         return self._head_w
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The target's (frozen) embeddings of token ids."""
-        return self._frozen[0](ids)
+        """The target's (frozen) embeddings of token ids, or the drafter's own."""
+        return self.embed_tokens(ids) if self.cfg.own_embed else self._frozen[0](ids)
 
     def run_layer(self, i: int, x: torch.Tensor, position_ids: torch.Tensor, pe: tuple[torch.Tensor, torch.Tensor],
-                  mask: torch.Tensor | None, cache) -> torch.Tensor:
+                  mask: torch.Tensor | None, cache, attn_in: torch.Tensor | None = None) -> torch.Tensor:
         """Decoder layer i on x; without autograd through the lean forward of `fasteagle.fused`
-        (same weights, same result, a third fewer ops), with it through the stock layer."""
+        (same weights, same result, a third fewer ops), with it through the stock layer. With `attn_in`
+        the attention's products read it instead of the input norm of x, and x is the residual only
+        (EAGLE-3's first layer)."""
         if not torch.is_grad_enabled():
-            return self.fused_layers()[i](x, pe, mask, cache)
-        y = self.layers[i](x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                           use_cache=cache is not None, position_embeddings=pe)
+            return self.fused_layers()[i](x, pe, mask, cache, attn_in)
+        layer = self.layers[i]
+        if attn_in is not None:
+            x = x + layer.self_attn(attn_in, position_embeddings=pe, attention_mask=mask, past_key_values=cache)[0]
+            return x + layer.mlp(layer.post_attention_layernorm(x))
+        y = layer(x, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                  use_cache=cache is not None, position_embeddings=pe)
         return y[0] if isinstance(y, tuple) else y
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.cfg.own_embed else self._frozen[0].weight
 
     def fused_layers(self) -> list[FusedLayer]:
         if self._fused is None:
@@ -406,7 +431,7 @@ class DrafterBase(nn.Module):
         fused = self.fused_layers()
         for f in fused:
             f.refresh()
-        return [*self.parameters(), *self.buffers(), self.head_weight(), self._frozen[0].weight,
+        return [*self.parameters(), *self.buffers(), self.head_weight(), self.embed_weight(),
                 *(m.weight for f in fused for m in (f.qkv, f.gate_up))]
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
@@ -529,13 +554,19 @@ class DrafterBase(nn.Module):
             detail = str(exc).splitlines()[1:2] or [str(exc)]
             raise FastEagleError(f"the weights at {path} do not match its config.json: {detail[0].strip()}") from None
         drafter.info, drafter.path = raw, str(path)
-        if target_model is not None:
-            drafter.attach(target_model)
-            p = next(target_model.parameters())
-            drafter.to(p.device, p.dtype).eval()
-            if any(isinstance(m, PackedLinear) for m in target_model.modules()):  # pack when the target is
-                drafter.pack_for_cpu(int8)
-        return drafter
+        return finish_load(drafter, target_model, int8)
+
+
+def finish_load(drafter: DrafterBase, target_model: nn.Module | None, int8: bool | None) -> DrafterBase:
+    """A loaded drafter attached to `target_model` (refusing a mismatch), on its device and dtype, and
+    packed when the target is (a prepacked fp32 CPU target), with int8 weights unless `int8` is False."""
+    if target_model is not None:
+        drafter.attach(target_model)
+        p = next(target_model.parameters())
+        drafter.to(p.device, p.dtype).eval()
+        if any(isinstance(m, PackedLinear) for m in target_model.modules()):
+            drafter.pack_for_cpu(int8)
+    return drafter
 
 
 

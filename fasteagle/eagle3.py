@@ -17,6 +17,8 @@ the target's frozen one (optionally over a reduced draft vocab), as for the casc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,6 +29,8 @@ from fasteagle.draftbase import DrafterBase, DrafterConfig, reuse_cache
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.tree import DraftTree, dynamic
 
+LAYOUTS = ("proj", "eagle3")  # `DrafterConfig.layout`
+
 
 class AutoregressiveDrafter(DrafterBase):
     """EAGLE-3 style drafter: one decoder layer, run once per depth."""
@@ -34,9 +38,21 @@ class AutoregressiveDrafter(DrafterBase):
     KIND = "eagle3"
 
     def __init__(self, cfg: DrafterConfig):
-        if cfg.num_layers != 1:
+        if cfg.layout not in LAYOUTS:
+            raise ValueError(f"unknown EAGLE-3 layout {cfg.layout!r}; one of {', '.join(LAYOUTS)}")
+        if cfg.layout == "proj" and cfg.num_layers != 1:
             raise ValueError("the EAGLE-3-style drafter has exactly one decoder layer (num_layers=1)")
         super().__init__(cfg)
+        if cfg.layout == "eagle3":
+            self._eagle3_modules()
+        else:
+            self._proj_modules()
+        self.cache: KVCache | None = None
+        self.last: torch.Tensor | None = None  # the layer's output at the last accepted position (W,)
+
+    def _proj_modules(self) -> None:
+        """Ours: x = Proj(concat(norm(embed), norm(g))) into a stock decoder layer."""
+        cfg = self.cfg
         w, h = cfg.width, cfg.target_hidden
         self.register_module("fc", None)  # made below, first in the parameter order all the same
         # A seed's first draws go to a cascade-shaped input layer, made and dropped here: so a seed gives
@@ -51,8 +67,57 @@ class AutoregressiveDrafter(DrafterBase):
         self.norm_g = LlamaRMSNorm(w, eps=cfg.rms_norm_eps)
         nn.init.normal_(self.fc.weight, std=0.02)
         nn.init.normal_(self.in_proj.weight, std=0.02)
-        self.cache: KVCache | None = None
-        self.last: torch.Tensor | None = None  # the layer's output at the last accepted position (W,)
+
+    def _eagle3_modules(self) -> None:
+        """EAGLE-3's own (the EAGLE repository's `midlayer`, vLLM's `llama_eagle3.py`): layer 0's query,
+        key and value products read [input_layernorm(embed); hidden_norm(g)] (2W wide), its residual is
+        g; layers 1.. are stock; one final norm. Module names follow the format's weight names."""
+        cfg = self.cfg
+        w, feats = cfg.width, len(cfg.feature_layers) * cfg.target_hidden
+        if cfg.width != cfg.target_hidden and not cfg.own_embed:
+            raise ValueError("an EAGLE-3 layer narrower or wider than the target needs an embedding of its own")
+        self._add_decoder()
+        self.norms = self.norms[:1]  # one final norm, whatever the depth
+        self.proj = None  # the head (own, or the target's over a width-matched drafter) reads W
+        attn = self.layers[0].self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(attn, name)
+            setattr(attn, name, nn.Linear(2 * w, old.out_features, bias=cfg.attention_bias))
+        self.layers[0].hidden_norm = LlamaRMSNorm(w, eps=cfg.rms_norm_eps)
+        self.input_norm = LlamaRMSNorm(feats, eps=cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = nn.ModuleList(LlamaRMSNorm(cfg.target_hidden, eps=cfg.rms_norm_eps)
+                                     for _ in cfg.feature_layers) if cfg.fc_norm else None
+        self.fc = nn.Linear(feats, w, bias=False)
+        if cfg.own_head:
+            self.lm_head = nn.Linear(w, cfg.draft_vocab or cfg.vocab_size, bias=False)
+        if cfg.own_embed:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, w)
+        self.apply(self._init)
+
+    @torch.no_grad()
+    def to_eagle3_layout(self) -> AutoregressiveDrafter:
+        """A drafter of EAGLE-3's layout that starts near this "proj" one, for training to go on from it:
+        the same fc, norms, MLP and attention output; layer 0's q/k/v fold in the projection (its input
+        norm taken as a constant scale, measured on unit inputs). Not the same function: EAGLE-3's
+        residual is g, ours the projection, so it needs training before it drafts as well."""
+        if self.cfg.layout == "eagle3":
+            return self
+        cfg = replace(self.cfg, layout="eagle3")
+        new = AutoregressiveDrafter(cfg).to(self.fc.weight.device)
+        new.load_state_dict({k: v for k, v in self.state_dict().items() if k in new.state_dict()
+                             and v.shape == new.state_dict()[k].shape}, strict=False)
+        first, old = new.layers[0], self.layers[0]
+        first.input_layernorm.weight.copy_(self.norm_embed.weight)
+        first.hidden_norm.weight.copy_(self.norm_g.weight)
+        u = torch.randn(256, self.in_proj.in_features, device=self.fc.weight.device) * torch.cat(
+            [self.norm_embed.weight, self.norm_g.weight])
+        scale = self.in_proj(u).pow(2).mean(-1).sqrt().mean()  # the input norm's divisor, typically
+        fold = old.input_layernorm.weight[:, None] * self.in_proj.weight / scale  # (W, 2W)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            getattr(first.self_attn, name).weight.copy_(getattr(old.self_attn, name).weight @ fold)
+        new.vocab_ids, new.compact_vocab = self.vocab_ids.clone(), self.compact_vocab
+        new.info, new._frozen = getattr(self, "info", {}), self._frozen
+        return new
 
     @classmethod
     def config_for(cls, base: DrafterConfig, depth: int = 7) -> DrafterConfig:
@@ -66,13 +131,30 @@ class AutoregressiveDrafter(DrafterBase):
     def head(self, h: torch.Tensor, depth: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         return super().head(h, 1, rows)  # one layer, one norm, whatever the depth
 
+    def combine(self, feats: torch.Tensor) -> torch.Tensor:
+        """g from the target's concatenated features (..., F*H): `fc`, after the format's norms if any."""
+        if self.cfg.layout == "eagle3":
+            if self.input_norm is not None:
+                feats = self.input_norm(feats)
+            if self.fc_norm is not None:
+                feats = torch.cat([n(c) for n, c in zip(self.fc_norm, feats.chunk(len(self.fc_norm), -1))], -1)
+        return self.fc(feats)
+
     def step(self, g: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
              mask: torch.Tensor | None, cache) -> torch.Tensor:
-        """One pass of the layer: g (B, T, W) with the embeddings of next_ids (B, T)."""
+        """One pass of the layer(s): g (B, T, W) with the embeddings of next_ids (B, T)."""
         e = self.embed(next_ids).to(g.dtype)
-        x = self.in_proj(torch.cat([self.norm_embed(e), self.norm_g(g)], -1))
-        pe = self.rotary(x, position_ids)
-        return self.run_layer(0, x, position_ids, pe, mask, cache)
+        if self.cfg.layout == "proj":
+            x = self.in_proj(torch.cat([self.norm_embed(e), self.norm_g(g)], -1))
+            return self.run_layer(0, x, position_ids, self.rotary(x, position_ids), mask, cache)
+        first = self.layers[0]
+        hn = first.hidden_norm(g)
+        pe = self.rotary(g, position_ids)
+        x = self.run_layer(0, hn if self.cfg.norm_before_residual else g, position_ids, pe, mask, cache,
+                           attn_in=torch.cat([first.input_layernorm(e), hn], -1))
+        for i in range(1, len(self.layers)):
+            x = self.run_layer(i, x, position_ids, pe, mask, cache)
+        return x
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
         """Training-time test: `depth` unrolled steps over whole sequences.
@@ -85,7 +167,7 @@ class AutoregressiveDrafter(DrafterBase):
         dev, dtype = next_ids.device, self.fc.weight.dtype
         full_ids = torch.cat([next_ids, next_ids.new_zeros(b, self.cfg.depth)], 1)  # pad beyond the end
         cache = DynamicCache()
-        g = self.fc(feats)
+        g = self.combine(feats)
         slots = torch.arange(n, device=dev)
         eye = slots[:, None] == slots[None]
         outs = []
@@ -101,7 +183,7 @@ class AutoregressiveDrafter(DrafterBase):
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:
         room = capacity + self.cfg.depth * self.max_k  # the draft's own temporary rows too
-        self.cache = reuse_cache(self.cache, 1, room, self.dtype, self.device)
+        self.cache = reuse_cache(self.cache, len(self.layers), room, self.dtype, self.device)
         self.last = None
 
     def rewind(self, length: int) -> None:
@@ -118,7 +200,7 @@ class AutoregressiveDrafter(DrafterBase):
         pos = torch.arange(past, past + n, device=tokens.device)[None]
         dtype = self.fc.weight.dtype
         mask = attention_mask(causal_ancestors(n, tokens.device), past, dtype)
-        g = self.fc(features[None].to(dtype))
+        g = self.combine(features[None].to(dtype))
         self.last = self.step(g, nxt[None], pos, mask, self.cache)[0, -1]  # (W,)
 
     @torch.no_grad()

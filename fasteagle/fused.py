@@ -51,15 +51,17 @@ class FusedLayer:
         self._stamp = (srcs, weights, stamp, [w.untyped_storage() for w in weights])  # storages: see `weight_stamp`
 
     def __call__(self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                 mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+                 mask: torch.Tensor | None, cache=None, attn_in: torch.Tensor | None = None) -> torch.Tensor:
         """The stock layer's output for x (B, T, W), attending to `cache`'s rows and x's own under
-        the additive 4D `mask` (None: causal within x), writing x's keys/values into `cache`."""
+        the additive 4D `mask` (None: causal within x), writing x's keys/values into `cache`. With
+        `attn_in` (B, T, W') the query/key/value products read it in place of the input norm of x
+        (EAGLE-3's first layer: x is then the residual only)."""
         self.refresh()
         layer = self.layer
         attn, mlp = layer.self_attn, layer.mlp
         b, t, _ = x.shape
         d = attn.head_dim
-        y = _linear(self.qkv, _rms_norm(layer.input_layernorm, x))
+        y = _linear(self.qkv, _rms_norm(layer.input_layernorm, x) if attn_in is None else attn_in)
         # queries and keys sit side by side in the merged product: rotate them in one go
         n_q, n_k = attn.q_proj.out_features, attn.k_proj.out_features
         qk = _rotate(y[..., :n_q + n_k].view(b, t, -1, d).transpose(1, 2), *position_embeddings)

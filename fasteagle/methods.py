@@ -150,9 +150,7 @@ def _fasteagle(target, s: Settings):
 
 
 def _eagle3(target, s: Settings):
-    from fasteagle.eagle3 import AutoregressiveDrafter
-
-    d = AutoregressiveDrafter.load(s.drafter_dir("eagle3"), target.model, s.draft_int8)
+    d = load_drafter(s.drafter_dir("eagle3"), target.model, s.draft_int8, kind="eagle3")
     _set_tree(d, "eagle3", target, s, per_depth=False)  # its dynamic tree takes one k
     return d
 
@@ -197,16 +195,30 @@ PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3":
 DEFAULT_FOLDERS = {"drafter": DEFAULT_DRAFTER, "eagle3_drafter": DEFAULT_EAGLE3}  # where that field is None
 
 
-def load_drafter(path: str | Path, target_model=None, int8: bool | None = None):
-    """Load whichever kind of drafter `path` holds (FastEagle cascade or EAGLE-3 style); with
-    `target_model`, attached to it (`DrafterBase.load`)."""
+def drafter_kind(path: str | Path) -> str:
+    """"fasteagle" or "eagle3": the kind of drafter a folder holds (ours by config.json's "kind", an
+    EAGLE-3 checkpoint of the EAGLE / SpecForge / vLLM format by its architectures)."""
+    from fasteagle import eagle3_format
     from fasteagle.draftbase import read_config
+
+    if eagle3_format.is_checkpoint(path):
+        return "eagle3"
+    return read_config(path)[0].get("kind", "fasteagle") if (Path(path) / "config.json").is_file() else "fasteagle"
+
+
+def load_drafter(path: str | Path, target_model=None, int8: bool | None = None, kind: str | None = None):
+    """Load whichever kind of drafter `path` holds (FastEagle cascade, our EAGLE-3 style, or an EAGLE-3
+    checkpoint); with `target_model`, attached to it (`DrafterBase.load`). With `kind`, refuse any other."""
+    from fasteagle import eagle3_format
     from fasteagle.drafter import CascadedDrafter
     from fasteagle.eagle3 import AutoregressiveDrafter
 
-    cfg_file = Path(path) / "config.json"
-    kind = read_config(path)[0].get("kind", "fasteagle") if cfg_file.exists() else "fasteagle"
-    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter)}.get(kind)
+    if eagle3_format.is_checkpoint(path):
+        if kind not in (None, "eagle3"):
+            raise FastEagleError(f"{path} is an EAGLE-3 checkpoint: decode with it as --method eagle3")
+        return eagle3_format.load(path, target_model, int8)
+    found = drafter_kind(path)
+    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter)}.get(kind or found)
     if cls is None:
-        raise FastEagleError(f"{path} holds an unknown drafter kind {kind!r}")
+        raise FastEagleError(f"{path} holds an unknown drafter kind {found!r}")
     return cls.load(path, target_model, int8)

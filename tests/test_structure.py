@@ -17,7 +17,7 @@ LAYERS = [
     {"fasteagle.paths", "fasteagle.kvcache", "fasteagle.fused", "fasteagle.lookup"},
     {"fasteagle.target", "fasteagle.verify", "fasteagle.draftgraph", "fasteagle.draftbase"},
     {"fasteagle.drafter", "fasteagle.eagle3", "fasteagle.generate"},
-    {"fasteagle.hybrid"},
+    {"fasteagle.hybrid", "fasteagle.eagle3_format", "fasteagle.vllm_engine"},
     {"fasteagle.methods"},
     {"fasteagle.profile", "fasteagle.train", "fasteagle.train.teacher", "fasteagle.train.data"},
     {"fasteagle.train.tasks"},

@@ -74,6 +74,7 @@ class TrainConfig:
     drafter: str = "fasteagle"  # "fasteagle" (the cascade) or "eagle3" (one layer, training-time test)
     num_layers: int = 6  # cascade layers = draft depths (fasteagle)
     depth: int = 7  # unrolled training steps = draft tree depth (eagle3)
+    layout: str = "eagle3"  # eagle3: EAGLE-3's own network, exportable to its format; "proj": ours before it
     intermediate: int = 768
     loss_decay: float = 0.8
     topk: int = 16
@@ -145,7 +146,7 @@ _ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard
 _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") for n in _AT_LEAST_0}
            | {n: (0, "above 0") for n in _ABOVE_0})
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
-_CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"),
+_CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"), "layout": ("eagle3", "proj"),
             "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
 
 
@@ -267,6 +268,7 @@ def start(cfg: TrainConfig, target=None) -> Run:
         from fasteagle.eagle3 import AutoregressiveDrafter
 
         drafter_cls, dcfg = AutoregressiveDrafter, AutoregressiveDrafter.config_for(dcfg, cfg.depth)
+        dcfg.layout = cfg.layout
     elif cfg.drafter != "fasteagle":
         raise FastEagleError(f"unknown drafter {cfg.drafter!r}; use fasteagle or eagle3")
     return Run(cfg, accel, target, dcfg, drafter_cls, out, Path(cfg.feature_dir or out / "features"), t_start)
@@ -411,6 +413,9 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
         if drafter.cfg.kind != dcfg.kind:
             raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
         accel.print(f"continuing from {cfg.init_from} ({before['steps_all']} steps)")
+        if drafter.cfg.kind == "eagle3" and drafter.cfg.layout != dcfg.layout == "eagle3":
+            accel.print("moving it to EAGLE-3's layout (layer 0 reads [embed; hidden]; training goes on from there)")
+            drafter = drafter.to_eagle3_layout()
         if cfg.intermediate > drafter.cfg.intermediate:  # more capacity, same function to start from
             accel.print(f"widening its MLP from {drafter.cfg.intermediate} to {cfg.intermediate} channels")
             drafter.grow_mlp(cfg.intermediate, model)

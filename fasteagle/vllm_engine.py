@@ -1,0 +1,113 @@
+"""vLLM as a second engine: the version check, an `LLM` with this project's defaults, and the
+speculative-decoding counters it keeps, read the way our traces count.
+
+    llm = engine(target_dir, method="eagle3", drafter=DIR, k=3)   # vllm.LLM, greedy-ready
+    outs = generate(llm, prompt_ids, max_new_tokens=64)           # token ids per prompt
+    acceptance(llm)                                               # {"drafts", "tau", "per_position", ...}
+
+vLLM is an extra (requirements-vllm.txt): nothing else in the package imports it. Its CPU worker binds
+one core and keeps the other for the engine's own process on a 2-core machine, so its timings are
+one-thread timings (compare engines at equal threads).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fasteagle.errors import FastEagleError
+
+SUPPORTED = ("0.32.",)  # the vLLM releases this code was written against (its EAGLE-3 path and metrics)
+SPEC_METHODS = ("vanilla", "eagle3", "ngram")  # what `engine` sets up without a plugin
+
+
+def require_vllm():
+    """vLLM, imported, or one line saying why not: absent, a release this code was not written for, or a
+    torchvision it cannot load (PyPI's CUDA build beside a CPU torch)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise FastEagleError("vLLM is not installed: python -m pip install -r requirements-vllm.txt")
+    _check_vision_packages()
+    import vllm
+
+    if not vllm.__version__.startswith(SUPPORTED):
+        raise FastEagleError(f"vLLM {vllm.__version__} is installed; fasteagle's vLLM code was written for "
+                             f"{', '.join(v + 'x' for v in SUPPORTED)}: python -m pip install -r requirements-vllm.txt")
+    return vllm
+
+
+def _check_vision_packages() -> None:
+    """vLLM imports torchvision (and torchaudio) through transformers at start-up: a build that cannot load
+    against this torch fails there with a long traceback. Say so in one line instead."""
+    import importlib
+    import importlib.util
+
+    for name in ("torchvision", "torchaudio"):
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except (RuntimeError, OSError, ImportError) as exc:
+            detail = str(exc).strip().splitlines()[-1][:120]
+            raise FastEagleError(f"{name} cannot load against this torch ({detail}), and vLLM imports it: a CUDA "
+                                 "build beside a CPU torch. Text models never use it: python -m pip uninstall -y "
+                                 "torchvision torchaudio torchcodec") from None
+
+
+def target_dir(target: str | None) -> str:
+    """What vLLM loads for `target` (None: the default model's converted folder, made on first use)."""
+    from fasteagle.target import resolve_target_path
+
+    return resolve_target_path(target)
+
+
+def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict | None:
+    """vLLM's `speculative_config` for one of SPEC_METHODS drafting a chain of k tokens."""
+    if method == "vanilla":
+        return None
+    if method == "eagle3":
+        if drafter is None:
+            raise FastEagleError("vLLM's eagle3 needs a drafter in the EAGLE-3 format (python -m fasteagle export)")
+        return {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    raise FastEagleError(f"vLLM runs {', '.join(SPEC_METHODS)} here, not {method!r}")
+
+
+def engine(target: str | None, method: str = "vanilla", drafter: str | Path | None = None, k: int = 3,
+           dtype: str = "float32", max_model_len: int = 2048, seed: int = 0):
+    """A `vllm.LLM` for the target with `method`'s speculative decoding; fp32 and eager by default, so that
+    its greedy output can be held to ours token for token. Its statistics are on (`acceptance`)."""
+    vllm = require_vllm()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default takes far more
+    return vllm.LLM(model=target_dir(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
+                    seed=seed, speculative_config=speculative_config(method, drafter, k),
+                    disable_log_stats=False)
+
+
+def generate(llm, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0) -> list[list[int]]:
+    """Each prompt's reply as token ids, the prompts batched as vLLM schedules them."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, ignore_eos=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def acceptance(llm) -> dict:
+    """vLLM's speculative-decoding counters since start-up, as our traces count them: drafts (verify steps
+    that had a draft), tau (tokens per step, the bonus token included: 1 + accepted / drafts) and the
+    acceptance rate at each draft position (accepted at position i / drafts)."""
+    counters, per_pos = {}, []
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            per_pos = list(m.values)
+        elif m.name.startswith("vllm:spec_decode_num_"):
+            counters[m.name.removeprefix("vllm:spec_decode_num_")] = getattr(m, "value", 0)
+    drafts = int(counters.get("drafts", 0))
+    accepted = int(counters.get("accepted_tokens", 0))
+    return {"drafts": drafts, "draft_tokens": int(counters.get("draft_tokens", 0)), "accepted": accepted,
+            "tau": 1 + accepted / drafts if drafts else 1.0,
+            "per_position": [v / drafts if drafts else 0.0 for v in per_pos]}
