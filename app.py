@@ -3,6 +3,7 @@ path, step by step, next to plain (vanilla) decoding of the same prompt.
 
     python app.py                    # http://127.0.0.1:7860
     FASTEAGLE_TARGET=<hf id or dir> FASTEAGLE_DRAFTER=<drafter dir> python app.py
+    python app.py --target meta-llama/Llama-3.1-8B-Instruct --drafter yuhuili/EAGLE3-LLaMA3.1-Instruct-8B
 
 Environment: FASTEAGLE_TARGET (default: the embedded SmolLM2-135M-Instruct), FASTEAGLE_DRAFTER
 (FastEagle drafter dir, default assets/drafters/smollm2-135m-fasteagle), FASTEAGLE_EAGLE3_DRAFTER,
@@ -184,7 +185,26 @@ class MethodSpec:
 
 
 def _has_weights(d: Path | None) -> bool:
-    return d is not None and (d / "config.json").exists() and any(d.glob("model*.safetensors"))
+    """A trained drafter folder: ours (config.json and safetensors), or an EAGLE-3 checkpoint."""
+    from fasteagle import eagle3_format
+
+    if d is None or not (d / "config.json").exists():
+        return False
+    return any(d.glob("model*.safetensors")) or (eagle3_format.is_checkpoint(d) and any(d.glob("*.bin")))
+
+
+def _drafter_folders(drafter: str | Path | None, eagle3: str | Path | None) -> tuple[Path, Path, str]:
+    """The FastEagle and EAGLE-3 drafter folders the app offers (a Hugging Face id fetched once), and how
+    the EAGLE-3 one is named: a drafter given for FastEagle that is an EAGLE-3 drafter stands for EAGLE-3."""
+    from fasteagle.eagle3_format import is_checkpoint, resolve
+    from fasteagle.methods import drafter_kind
+
+    fe = resolve(drafter or env().drafter or DEFAULT_DRAFTER)
+    e3_given = eagle3 or env().eagle3_drafter
+    if not e3_given and fe.is_dir() and drafter_kind(fe) == "eagle3":
+        fe, e3_given = Path(DEFAULT_DRAFTER), drafter or env().drafter
+    e3 = resolve(e3_given or EAGLE3_DRAFTER)
+    return fe, e3, str(e3_given) if e3_given and is_checkpoint(e3) else ""  # a published one says its name
 
 
 def _shown(p: Path) -> str:
@@ -200,11 +220,10 @@ EQUAL_INFO = (f"EAGLE-3 and {EQUAL_LABEL}: one recipe, the same training tokens;
               "cascade, trained far longer")
 
 
-def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None) -> list[MethodSpec]:
+def method_specs(drafter_dir: str | Path | None = None, eagle3_dir: str | Path | None = None) -> list[MethodSpec]:
     """Every method the app knows, with whether it can run here (trained weights present). The shipped
     EAGLE-3 drafter comes with its equal: a cascade trained on the same tokens (offered with it only)."""
-    fe = Path(drafter_dir or env().drafter or DEFAULT_DRAFTER)
-    e3 = Path(eagle3_dir or env().eagle3_drafter or EAGLE3_DRAFTER)
+    fe, e3, e3_name = _drafter_folders(drafter_dir, eagle3_dir)
     fe_s, e3_s = _shown(fe), _shown(e3)
     equal = ([MethodSpec(EQUAL_LABEL, "fasteagle", EQUAL_DRAFTER, True)]
              if e3.resolve() == DEFAULT_EAGLE3.resolve() and _has_weights(EQUAL_DRAFTER) else [])
@@ -212,7 +231,7 @@ def method_specs(drafter_dir: Path | None = None, eagle3_dir: Path | None = None
         MethodSpec("FastEagle", "fasteagle", fe, _has_weights(fe),
                    f"no FastEagle drafter at `{fe_s}`: train one with `python -m fasteagle train --out {fe_s}` "
                    "(or set FASTEAGLE_DRAFTER). The lookup drafter works without training."),
-        MethodSpec("EAGLE-3", "eagle3", e3, _has_weights(e3),
+        MethodSpec(f"EAGLE-3 · {Path(e3_name).name}" if e3_name else "EAGLE-3", "eagle3", e3, _has_weights(e3),
                    f"no EAGLE-3 drafter at `{e3_s}`: train one with `python -m fasteagle train --drafter eagle3 "
                    f"--out {e3_s}` (or set FASTEAGLE_EAGLE3_DRAFTER)."),
         *equal,
@@ -291,10 +310,10 @@ def _fits(m: MethodSpec, target: Target) -> MethodSpec:
     config, no weights loaded): the app then says so once at startup, not at every run."""
     if not m.available or m.drafter_dir is None:
         return m
-    from fasteagle.draftbase import check_fingerprint, read_config
+    from fasteagle.methods import check_fits
 
     try:
-        check_fingerprint(read_config(m.drafter_dir)[1], target.model)
+        check_fits(m.drafter_dir, target.model)
     except FastEagleError as exc:
         return MethodSpec(m.label, m.key, m.drafter_dir, False,
                           f"the {m.label} drafter at `{_shown(m.drafter_dir)}` does not fit {target.name}: {exc}. "
@@ -306,7 +325,7 @@ def _fits(m: MethodSpec, target: Target) -> MethodSpec:
 class Engine:
     """The loaded target plus a cache of drafters; every decode goes through here."""
 
-    def __init__(self, target: Target, drafter_dir: Path | None = None, eagle3_dir: Path | None = None):
+    def __init__(self, target: Target, drafter_dir: str | Path | None = None, eagle3_dir: str | Path | None = None):
         self.target = target
         self.methods = [_fits(m, target) for m in method_specs(drafter_dir, eagle3_dir)]
         self._drafters: dict[tuple, Any] = {}
@@ -1234,7 +1253,7 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
     if target is None:
         e = env()
         target = load_target(e.target, e.device, e.dtype)
-    engine = Engine(target, Path(drafter_dir) if drafter_dir else None, Path(eagle3_dir) if eagle3_dir else None)
+    engine = Engine(target, drafter_dir, eagle3_dir)
     ENGINE = engine
     if precompute is None:
         precompute = spaces is not None or env().precompute
@@ -1247,10 +1266,21 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
     return demo
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="The FastEagle app (flags override the FASTEAGLE_* variables).")
+    p.add_argument("--target", default=None, help="HF model id or folder (FASTEAGLE_TARGET)")
+    p.add_argument("--drafter", default=None, help="FastEagle drafter folder or HF id; an EAGLE-3 checkpoint "
+                   "here is shown as the EAGLE-3 method (FASTEAGLE_DRAFTER)")
+    p.add_argument("--eagle3-drafter", default=None, help="EAGLE-3 drafter: ours, or a checkpoint of the EAGLE, "
+                   "SpecForge or vLLM format, folder or HF id (FASTEAGLE_EAGLE3_DRAFTER)")
+    args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        demo = build_app()
+        e = env()
+        target = load_target(args.target or e.target, e.device, e.dtype)
+        demo = build_app(target, args.drafter, args.eagle3_drafter)
     except FastEagleError as exc:
         raise SystemExit(f"error: {exc}") from None
     launch(demo, server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))

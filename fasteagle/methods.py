@@ -222,3 +222,15 @@ def load_drafter(path: str | Path, target_model=None, int8: bool | None = None, 
     if cls is None:
         raise FastEagleError(f"{path} holds an unknown drafter kind {found!r}")
     return cls.load(path, target_model, int8)
+
+
+def check_fits(path: str | Path, target_model) -> None:
+    """Refuse (one line) a drafter folder trained for another target, from its config alone (no weights read)."""
+    from fasteagle import eagle3_format
+    from fasteagle.draftbase import check_fingerprint, read_config
+
+    if eagle3_format.is_checkpoint(path):
+        cfg = eagle3_format.read_config(path, target_model.config.num_hidden_layers)[1]
+    else:
+        cfg = read_config(path)[1]
+    check_fingerprint(cfg, target_model)

@@ -111,3 +111,26 @@ def acceptance(llm) -> dict:
     return {"drafts": drafts, "draft_tokens": int(counters.get("draft_tokens", 0)), "accepted": accepted,
             "tau": 1 + accepted / drafts if drafts else 1.0,
             "per_position": [v / drafts if drafts else 0.0 for v in per_pos]}
+
+
+def difference(after: dict, before: dict) -> dict:
+    """The counters of `acceptance` between two readings (one run's share of an engine's lifetime)."""
+    drafts = after["drafts"] - before["drafts"]
+    accepted = after["accepted"] - before["accepted"]
+    old = before["per_position"] + [0.0] * (len(after["per_position"]) - len(before["per_position"]))
+    per_pos = [a * after["drafts"] - b * before["drafts"] for a, b in zip(after["per_position"], old)]
+    return {"drafts": drafts, "draft_tokens": after["draft_tokens"] - before["draft_tokens"], "accepted": accepted,
+            "tau": 1 + accepted / drafts if drafts else 1.0,
+            "per_position": [round(v) / drafts if drafts else 0.0 for v in per_pos]}
+
+
+def close(llm) -> None:
+    """Stop the engine's worker process now (a second `LLM` in the same process would wait for its memory)."""
+    import gc
+
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    gc.collect()

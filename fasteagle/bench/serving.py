@@ -1,0 +1,136 @@
+"""Our engine against vLLM (`bench --engine vllm`): the same prompts, greedy, each speculative method
+drafting a chain of k tokens, vLLM's plain decoding as the reference output.
+
+Per method and engine: whether each reply is token-identical to vLLM's plain decoding, tau (tokens per
+target forward, bonus included), the acceptance rate at each chain position, and tokens/s (vLLM at each
+asked batch size, the prompts repeated to fill a batch; ours at batch 1). vLLM's CPU worker runs on one
+thread, so ours is timed on one thread too. An EAGLE-3-style drafter of ours is exported to the EAGLE-3
+format for vLLM first (`fasteagle.eagle3_format`); an EAGLE-3 checkpoint is read by both as it is.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from fasteagle.errors import FastEagleError
+from fasteagle.generate import chat_prompt_ids, run
+
+METHODS = ("vanilla", "eagle3", "ngram")  # what both engines run without a plugin; ngram: vLLM's only
+
+
+def vllm_drafter(path: Path, target, out: Path) -> Path:
+    """The EAGLE-3 checkpoint vLLM loads for the eagle3 drafter at `path`: itself if it is one, else ours
+    exported into `out`."""
+    from fasteagle import eagle3_format
+    from fasteagle.methods import load_drafter
+
+    if eagle3_format.is_checkpoint(path):
+        return path
+    return eagle3_format.export(load_drafter(path, target.model, int8=False, kind="eagle3"), out, target.name)
+
+
+def chain_rates(traces_per_prompt: list[list], k: int) -> dict:
+    """tau and per-position acceptance of our chains, counted as vLLM counts them: over verify steps
+    that had a draft (prefill excluded), position i accepted when the accepted path reached it."""
+    steps, accepted = 0, [0] * k
+    for traces in traces_per_prompt:
+        for t in traces[1:]:
+            steps += 1
+            for i in range(min(len(t.path) - 1, k)):
+                accepted[i] += 1
+    return {"drafts": steps, "tau": 1 + sum(accepted) / steps if steps else 1.0,
+            "per_position": [a / steps if steps else 0.0 for a in accepted]}
+
+
+def run_ours(target, method: str, settings, prompts: list[torch.Tensor], k: int, max_new: int) -> dict:
+    """Our engine, batch 1, one thread: replies, tokens/s and (speculative methods) chain acceptance."""
+    from fasteagle.methods import build
+
+    drafter = None if method == "vanilla" else build(method, target, settings)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(target, prompts[0], drafter=drafter, max_new_tokens=8)  # warm-up
+        replies, traces, t0 = [], [], time.perf_counter()
+        for p in tqdm(prompts, desc=f"ours {method}", leave=False):
+            reply, tr = run(target, p, drafter=drafter, max_new_tokens=max_new)
+            replies.append(reply)
+            traces.append(tr)
+        seconds = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(before)
+    out = {"replies": replies, "tokens_per_s": {"1": sum(map(len, replies)) / seconds}}
+    return out | (chain_rates(traces, k) if drafter is not None else {})
+
+
+def run_vllm(target_name, method: str, drafter: Path | None, prompts: list[list[int]], k: int, max_new: int,
+             batch_sizes: list[int]) -> dict:
+    """vLLM, one engine per method: replies at batch 1 (whose counters give the acceptance), then tokens/s
+    at each batch size."""
+    from fasteagle import vllm_engine as ve
+
+    llm = ve.engine(target_name, method, drafter, k)
+    try:
+        ve.generate(llm, prompts[:1], 8)  # warm-up
+        before = ve.acceptance(llm)
+        replies, t0 = [], time.perf_counter()
+        for p in tqdm(prompts, desc=f"vLLM {method}", leave=False):
+            replies += ve.generate(llm, [p], max_new)
+        speed = {"1": sum(map(len, replies)) / (time.perf_counter() - t0)}
+        rates = ve.difference(ve.acceptance(llm), before)
+        for b in (b for b in batch_sizes if b > 1):
+            batch = [prompts[i % len(prompts)] for i in range(b)]
+            t0 = time.perf_counter()
+            n = sum(map(len, ve.generate(llm, batch, max_new)))
+            speed[str(b)] = n / (time.perf_counter() - t0)
+    finally:
+        ve.close(llm)
+    return {"replies": replies, "tokens_per_s": speed} | (rates if method != "vanilla" else {})
+
+
+def compare_engines(target, settings, methods: list[str], texts: list[str], k: int, max_new: int,
+                    batch_sizes: list[int], target_name: str | None) -> dict:
+    """Both engines over `methods` (vanilla first, as the reference); replies compared with vLLM's vanilla."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise FastEagleError(f"--engine vllm runs {', '.join(METHODS)}, not {unknown[0]!r}")
+    methods = ["vanilla", *[m for m in methods if m != "vanilla"]]
+    settings = replace(settings, tree_k=(1,), tree_budget=k + 1, draft_int8=False)  # a chain, fp32 as vLLM
+    prompts = [chat_prompt_ids(target, t) for t in texts]
+    lists = [p.tolist() for p in prompts]
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        drafter = vllm_drafter(settings.drafter_dir("eagle3"), target, Path(tmp) / "eagle3") \
+            if "eagle3" in methods else None
+        for m in methods:
+            rows[m] = {"vllm": run_vllm(target_name, m, drafter if m == "eagle3" else None, lists, k, max_new,
+                                        batch_sizes)}
+            if m != "ngram":  # vLLM's n-gram proposer has no twin here (our lookup drafts trees)
+                rows[m]["ours"] = run_ours(target, m, settings, prompts, k, max_new)
+    reference = rows["vanilla"]["vllm"]["replies"]
+    for engines in rows.values():
+        for r in engines.values():
+            r["identical"] = sum(a == b for a, b in zip(r.pop("replies"), reference))
+    return {"k": k, "max_new_tokens": max_new, "prompts": len(texts), "batch_sizes": batch_sizes, "methods": rows}
+
+
+def markdown(result: dict) -> str:
+    """The comparison as a Markdown table, one row per method and engine."""
+    sizes = result["batch_sizes"]
+    head = ["method", "engine", "identical", "tau", "acceptance per position",
+            *[f"tokens/s at batch {b}" for b in sizes]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m, engines in result["methods"].items():
+        for engine, r in engines.items():
+            speeds = [f"{r['tokens_per_s'][str(b)]:.1f}" if str(b) in r["tokens_per_s"] else "–" for b in sizes]
+            per = " ".join(f"{v:.3f}" for v in r.get("per_position", [])) or "–"
+            tau = f"{r['tau']:.3f}" if "tau" in r else "1.000"
+            lines.append(f"| {m} | {engine} | {r['identical']}/{result['prompts']} | {tau} | {per} | "
+                         + " | ".join(speeds) + " |")
+    return "\n".join(lines)
