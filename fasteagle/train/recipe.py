@@ -416,8 +416,6 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
 def ship(recipe: Recipe, target, out: Path) -> None:
     """The drafters of `recipe.ship` at its budget, each into its folder with a holdout evaluation and a
     training log of one stage (the form of every shipped drafter, docs/training.md)."""
-    import time
-
     from fasteagle.methods import load_drafter
     from fasteagle.train.trainer import evaluate
 
@@ -433,27 +431,37 @@ def ship(recipe: Recipe, target, out: Path) -> None:
     for name, folder in recipe.ship["to"].items():
         snap = snapshot(out, name, steps)
         drafter = load_drafter(snap).attach(target.model)
-        ev = {"holdout": evaluate(drafter, target.model, holdout, n, shared.max_len,
-                                  drafter.tree_k)}
-        dest = Path(folder)
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in ("model.safetensors", "config.json"):
-            shutil.copy2(snap / f, dest / f)
+        ev = {"holdout": evaluate(drafter, target.model, holdout, n, shared.max_len, drafter.tree_k)}
         lr = tuned_lr(recipe, out, name)
         settings = recipe.settings(name) | ({"lr": lr} if lr is not None else {})
-        shutil.rmtree(dest / "configs", ignore_errors=True)
-        (dest / "configs").mkdir()
-        write_text(dest / "configs" / "train.json", json.dumps(settings, indent=2))
-        training = json.loads((snap / "config.json").read_text())["training"]
-        stage = {"stage": 1, "shipped": True, "date": time.strftime("%Y-%m-%d"),
-                 "hardware": f"{training.get('device')}, "
-                             + ("bf16 matmuls" if training.get("mixed_precision") == "bf16" else "fp32"),
-                 "data": data, "recipe": dataclasses.asdict(recipe), "tune": tuned(out).get(name),
-                 "configs": {"train.json": settings}, "training": training, "eval": ev,
-                 "history": json.loads((snap / "history.json").read_text()) if (snap / "history.json").exists() else []}
-        write_text(dest / "eval.json", json.dumps(ev, indent=2))
-        write_text(dest / "training_log.json", json.dumps([stage], indent=1))
-        print(f"shipped {name} at {steps} steps to {dest}: holdout tau {ev['holdout']['tau_backbone']}")
+        write_stage(Path(folder), snap, settings, ev, {"data": data, "recipe": dataclasses.asdict(recipe),
+                                                       "tune": tuned(out).get(name)}, first=True)
+        print(f"shipped {name} at {steps} steps to {folder}: holdout tau {ev['holdout']['tau_backbone']}")
+
+
+def write_stage(dest: Path, snap: Path, settings: dict, ev: dict, about: dict, first: bool = False) -> int:
+    """The drafter trained in `snap` into the shipped folder `dest` as the next stage of its training log
+    (`first`: the only one): weights, config, its training settings (configs/train.json), eval.json, and
+    the log entry with `about` (what data and recipe made it). Returns the stage's number."""
+    import time
+
+    dest.mkdir(parents=True, exist_ok=True)
+    log = [] if first or not (dest / "training_log.json").exists() else json.loads((dest / "training_log.json")
+                                                                                   .read_text())
+    for f in ("model.safetensors", "config.json"):
+        shutil.copy2(snap / f, dest / f)
+    shutil.rmtree(dest / "configs", ignore_errors=True)
+    (dest / "configs").mkdir()
+    write_text(dest / "configs" / "train.json", json.dumps(settings, indent=2))
+    training = json.loads((snap / "config.json").read_text())["training"]
+    stage = {"stage": len(log) + 1, "shipped": True, "date": time.strftime("%Y-%m-%d"),
+             "hardware": f"{training.get('device')}, "
+                         + ("bf16 matmuls" if training.get("mixed_precision") == "bf16" else "fp32"),
+             **about, "configs": {"train.json": settings}, "training": training, "eval": ev,
+             "history": json.loads((snap / "history.json").read_text()) if (snap / "history.json").exists() else []}
+    write_text(dest / "eval.json", json.dumps(ev, indent=2))
+    write_text(dest / "training_log.json", json.dumps([*log, stage], indent=1))
+    return stage["stage"]
 
 
 def holdout_replies(cfg, target, out: Path, n: int) -> dict:
@@ -497,7 +505,10 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load(args.recipe)
         recipe.out = args.out or recipe.out
         if isinstance(recipe, step_recipes.StepRecipe):
-            step_recipes.run(recipe, names, args.dry_run)
+            if names == ["ship"] and recipe.ship and "ship" not in {s.name for s in recipe.steps}:
+                step_recipes.ship(recipe)
+            else:
+                step_recipes.run(recipe, names, args.dry_run)
             return 0
         stages = tuple(names) if args.stages is not None else DEFAULT_STAGES
         bad = [s for s in stages if s not in STAGES]
