@@ -463,34 +463,15 @@ def build_parser() -> argparse.ArgumentParser:
     _generate_parser(sub)
     _train_parser(sub)
     _bench_parser(sub)
-    _export_parser(sub)
+    _vllm().add_parsers(sub)
     return parser
 
 
-def _export_parser(sub) -> None:
-    """`export`: our EAGLE-3-style drafter as an EAGLE-3 checkpoint (vLLM, SGLang, the EAGLE repository)."""
-    e = sub.add_parser("export", help="write an EAGLE-3-style drafter in the EAGLE-3 format vLLM and SGLang serve")
-    e.add_argument("--drafter", default=str(DEFAULT_EAGLE3), help=f"our drafter folder (default: assets/drafters/"
-                   f"{DEFAULT_EAGLE3.name})")
-    e.add_argument("--out", required=True, help="the checkpoint folder to write (config.json, model.safetensors)")
-    e.add_argument("--target", default=None, help="the drafter's target, whose LM head rows the checkpoint "
-                   "carries (default: embedded SmolLM2-135M-Instruct)")
-    e.set_defaults(func=cmd_export)
+def _vllm():
+    """The command line's vLLM side (`fasteagle.cli_vllm`): export, serve, bench --engine vllm."""
+    from fasteagle import cli_vllm
 
-
-def cmd_export(args) -> int:
-    from fasteagle import eagle3_format
-    from fasteagle.draftbase import peek
-    from fasteagle.methods import load_drafter
-    from fasteagle.target import load_target
-
-    src = eagle3_format.resolve(args.drafter)
-    (eagle3_format.peek if eagle3_format.is_checkpoint(src) else peek)(src)
-    target = load_target(args.target, "cpu", "fp32", pack=False)
-    out = eagle3_format.export(load_drafter(src, target.model, int8=False), args.out, target.name)
-    print(f"wrote {out}: vLLM serves it with speculative_config={{\"method\": \"eagle3\", \"model\": \"{out}\", "
-          "\"num_speculative_tokens\": 3}")
-    return 0
+    return cli_vllm
 
 
 def _generate_parser(sub) -> None:

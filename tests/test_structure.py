@@ -23,8 +23,13 @@ LAYERS = [
     {"fasteagle.train.tasks"},
     {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench", "fasteagle.bench.prompts",
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
-     "fasteagle.bench.plots", "fasteagle.bench.serving"},
+     "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.cli_vllm"},
     {"fasteagle.cli", "fasteagle.__main__", "fasteagle.train.recipe", "fasteagle.train.steps"},
+    # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
+    {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine"},
+    {"fasteagle.app.text", "fasteagle.app.examples"},
+    {"fasteagle.app.handlers"},
+    {"fasteagle.app.loadtest"},
 ]
 
 
@@ -88,6 +93,23 @@ def test_no_function_runs_past_80_lines():
                 if n > MAX_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, "split these into named steps: " + "; ".join(long)
+
+
+def test_viz_stays_pure():
+    """viz/ draws traces: it imports no model, no web framework and nothing of the app's glue, so the
+    app's modules can read it without a loop."""
+    banned = ("torch", "gradio", "transformers", "fasteagle.app", "app")
+    for path in sorted((ROOT / "viz").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            wrong = [n for n in names if any(n == b or n.startswith(b + ".") for b in banned)]
+            assert not wrong, f"{path.relative_to(ROOT)} imports {wrong}"
+
+
+def test_the_app_module_stays_the_page():
+    """app.py keeps the layout and the wiring; handlers and engine glue live in fasteagle/app/."""
+    assert len((ROOT / "app.py").read_text().splitlines()) <= 400
 
 
 def test_the_readme_module_map_names_every_module():

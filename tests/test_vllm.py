@@ -55,3 +55,72 @@ def test_a_vllm_release_the_code_was_not_written_for_is_refused(monkeypatch):
     with pytest.raises(FastEagleError, match="written for 0.32") as exc:
         require_vllm()
     assert "\n" not in str(exc.value)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict):
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=120)
+
+
+def test_serve_answers_chat_completions_streamed_and_not_then_stops(smollm, tmp_path):
+    """`python -m fasteagle serve --method eagle3`: vLLM's OpenAI server with our drafter, exported on the fly,
+    on localhost. A chat completion, whole and streamed, says what our engine says greedily; Ctrl-C stops it."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from fasteagle.generate import chat_prompt_ids, run
+
+    port, prompt = _free_port(), "Name three primary colors."
+    base = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "fasteagle", "serve", "--method", "eagle3", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                if urllib.request.urlopen(base + "/health", timeout=5).status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(2)
+        else:
+            pytest.fail("the server did not come up in 7 minutes")
+        body = {"model": "fasteagle", "messages": [{"role": "user", "content": prompt}], "max_tokens": 24,
+                "temperature": 0}
+        whole = json.load(_post(base + "/v1/chat/completions", body))["choices"][0]["message"]["content"]
+        pieces = []
+        for line in _post(base + "/v1/chat/completions", body | {"stream": True}):
+            line = line.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                pieces.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+        ours, _ = run(smollm, chat_prompt_ids(smollm, prompt), max_new_tokens=24)
+        assert whole and "".join(pieces) == whole
+        assert whole.strip() == smollm.tokenizer.decode(ours, skip_special_tokens=True).strip()
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("the server did not stop within 90 s of Ctrl-C")
+        log.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(base + "/health", timeout=5)

@@ -483,6 +483,32 @@ def shard_data(out: Path) -> dict:
             if (out / part / "done.json").exists()}
 
 
+def ship_steps(recipe: step_recipes.StepRecipe, holdout_n: int = 60) -> None:
+    """`--stages ship`: each drafter a step of `recipe.ship` trained (the step's --out) added to its shipped
+    folder as the next stage of its training log, evaluated on the first `holdout_n` ShareGPT holdout
+    prompts' greedy replies (made once, in the recipe's out folder)."""
+    from fasteagle.methods import load_drafter
+    from fasteagle.target import load_target
+    from fasteagle.train.trainer import TrainConfig, evaluate
+
+    by_name = {s.name: s for s in recipe.steps}
+    missing = [n for n in recipe.ship if n not in by_name or not (Path(recipe.out) / "done" / f"{n}.json").exists()]
+    if missing:
+        raise FastEagleError(f"step {missing[0]} is not done: run the recipe's steps before --stages ship")
+    target, out = load_target(None, "cpu", "fp32"), Path(recipe.out)
+    for name, folder in recipe.ship.items():
+        ns = step_recipes.parse(recipe, by_name[name])
+        settings = step_recipes.train_settings(recipe, by_name[name], ns)
+        cfg = TrainConfig(out=ns.out, **{k: v for k, v in settings.items() if k != "out"})
+        holdout = holdout_replies(cfg, target, out, holdout_n)
+        drafter = load_drafter(ns.out).attach(target.model)
+        ev = {"holdout": evaluate(drafter, target.model, holdout, holdout_n, cfg.max_len, drafter.tree_k)}
+        about = {"data": {"features": shard_summary(Path(cfg.feature_dir or Path(ns.out) / "features"))},
+                 "recipe": {"steps": recipe.typed(by_name[name]), "about": recipe.about}}
+        stage = write_stage(Path(folder), Path(ns.out), settings, ev, about)
+        print(f"shipped step {name} to {folder} as stage {stage}: holdout tau {ev['holdout']['tau_backbone']}")
+
+
 def _command() -> str:
     import shlex
 
@@ -506,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe.out = args.out or recipe.out
         if isinstance(recipe, step_recipes.StepRecipe):
             if names == ["ship"] and recipe.ship and "ship" not in {s.name for s in recipe.steps}:
-                step_recipes.ship(recipe)
+                ship_steps(recipe)
             else:
                 step_recipes.run(recipe, names, args.dry_run)
             return 0
