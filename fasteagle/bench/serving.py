@@ -117,12 +117,26 @@ def compare_engines(target, settings, methods: list[str], texts: list[str], k: i
     for engines in rows.values():
         for r in engines.values():
             r["identical"] = sum(a == b for a, b in zip(r.pop("replies"), reference))
-    return {"k": k, "max_new_tokens": max_new, "prompts": len(texts), "batch_sizes": batch_sizes, "methods": rows}
+    return {"k": k, "max_new_tokens": max_new, "prompts": len(texts), "batch_sizes": batch_sizes, "methods": rows,
+            "eagle3_drafter": _shown(settings.drafter_dir("eagle3")) if "eagle3" in methods else None}
+
+
+def _shown(path: Path) -> str:
+    """A path as typed in this repository (relative to the working folder when inside it)."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def markdown(result: dict) -> str:
     """The comparison as a Markdown table, one row per method and engine."""
     sizes = result["batch_sizes"]
+    drafter = result.get("eagle3_drafter")
+    title = (f"**{result.get('device', '')}**, vLLM {result.get('vllm', '')} (its worker on one thread) against "
+             f"ours on one thread, target `{result.get('target', '')}`, {result['prompts']} prompts of "
+             f"{result.get('prompt_files', '')}, {result['max_new_tokens']} new tokens, greedy, fp32, chains of "
+             f"{result['k']} drafted tokens" + (f"; eagle3 drafter `{drafter}`" if drafter else "") + "\n\n")
     head = ["method", "engine", "identical", "tau", "acceptance per position",
             *[f"tokens/s at batch {b}" for b in sizes]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -133,4 +147,4 @@ def markdown(result: dict) -> str:
             tau = f"{r['tau']:.3f}" if "tau" in r else "1.000"
             lines.append(f"| {m} | {engine} | {r['identical']}/{result['prompts']} | {tau} | {per} | "
                          + " | ".join(speeds) + " |")
-    return "\n".join(lines)
+    return title + "\n".join(lines)
