@@ -495,6 +495,9 @@ def _train_parser(sub) -> None:
     t.add_argument("--data", default=None, help="saved token dataset (default: tokenize ShareGPT)")
     t.add_argument("--holdout-data", dest="holdout_data", default=None)
     t.add_argument("--distill", action="store_true", default=None, help="regenerate replies with the target")
+    t.add_argument("--distill-engine", dest="distill_engine", choices=["ours", "vllm"], default=None,
+                   help="who writes the replies: ours (default: padded generate batches, features in the same "
+                        "pass) or vllm (continuous batching, requirements-vllm.txt; features after)")
     t.add_argument("--distill-only", dest="distill_only", action="store_true", default=None,
                    help="write the data (distilled datasets, feature shards) and stop; train later")
     t.add_argument("--english-only", dest="english_only", action="store_true", default=None,

@@ -374,6 +374,8 @@ def save_token_dataset(data: dict[str, list], path: str | Path) -> None:
         "loss_mask_runs": _flatten([_mask_runs(m) for m in data["loss_mask"]], torch.int32),
         "prompt_ids": _flatten(data["prompt_ids"], dtype),
     }
+    if data.get("engine"):  # what made the replies (fast_replies: "vllm <version>")
+        payload["engine"] = str(data["engine"])
     torch_save(payload, path)
 
 
@@ -417,7 +419,7 @@ def load_token_dataset(path: str | Path, skip: int = 0, limit: int | None = None
         "loss_mask": [_mask_from_runs(r, len(ids)) for r, ids in zip(runs, input_ids)],
         "prompt_ids": prompt_ids,
         "ids": record_ids,
-    }
+    } | ({"engine": payload["engine"]} if payload.get("engine") else {})
 
 
 def _flatten(seqs: Sequence[Sequence[int]], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,6 +65,7 @@ class TrainConfig:
     distill_minutes: float | None = None
     distill_sample_every: int = 4  # every n-th distillation batch is sampled (temperature 0.7); 1: all, 0: none
     distill_only: bool = False  # stop once the data is written (distilled.pt, holdout_distilled.pt, shards)
+    distill_engine: str = "ours"  # "vllm": replies by vLLM's batched generation (requirements-vllm.txt)
     features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
     feature_dir: str | None = None
     reuse_features: bool = False  # train on the shards already in feature_dir (same data, same teacher pass)
@@ -147,6 +148,7 @@ _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") f
            | {n: (0, "above 0") for n in _ABOVE_0})
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
 _CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"), "layout": ("eagle3", "proj"),
+            "distill_engine": ("ours", "vllm"),
             "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
 
 
@@ -301,6 +303,8 @@ def distill(run: Run, train_data: dict | None) -> dict | None:
         return train_data
     budget = cfg.distill_minutes * 60 if cfg.distill_minutes else None
     prompts = [p[-cfg.prompt_tail:] for p in train_data["prompt_ids"]]
+    if cfg.distill_engine == "vllm":  # vLLM writes the replies; their features come after, as for any text
+        return vllm_distill(run, prompts, budget)
     if cfg.features == "cache":  # one target pass yields both the replies and their features
         distill_features(model, tok, prompts, run.fdir, run.dcfg.feature_layers, cfg.distill_max_new,
                          cfg.distill_batch, budget, sample_every=cfg.distill_sample_every,
@@ -315,6 +319,22 @@ def distill(run: Run, train_data: dict | None) -> dict | None:
     if not train_data["input_ids"] and not cfg.extra_data:
         raise no_data(cfg, distilled=True)
     data_mod.save_token_dataset(train_data, out / "distilled.pt")
+    return train_data
+
+
+def vllm_distill(run: Run, prompts: list[list[int]], budget: float | None) -> dict:
+    """The replies made by vLLM (`fast_replies`), saved as OUT/distilled.pt (reused by a rerun)."""
+    from fasteagle.train.fast_replies import vllm_replies
+
+    cfg, path = run.cfg, run.out / "distilled.pt"
+    if path.exists():
+        run.accel.print(f"reusing {path} (delete it to distill again)")
+        return data_mod.load_token_dataset(path)
+    train_data = vllm_replies(cfg.target, run.target.tokenizer, prompts, cfg.distill_max_new, cfg.distill_batch,
+                              budget, sample_every=cfg.distill_sample_every, seed=cfg.seed)
+    if not train_data["input_ids"] and not cfg.extra_data:
+        raise no_data(cfg, distilled=True)
+    data_mod.save_token_dataset(train_data, path)
     return train_data
 
 
@@ -623,7 +643,8 @@ def with_replies(data: dict, max_len: int) -> dict:
     """The records with a reply token the loss counts within their first `max_len` tokens (from
     position 2 on: depth 1 predicts the token two ahead of its feature); the others teach nothing."""
     keep = [i for i, m in enumerate(data["loss_mask"]) if any(m[2:max_len])]
-    return data if len(keep) == len(data["loss_mask"]) else {k: [v[i] for i in keep] for k, v in data.items()}
+    return data if len(keep) == len(data["loss_mask"]) else \
+        {k: [v[i] for i in keep] if isinstance(v, list) else v for k, v in data.items()}
 
 
 def save_checkpoint(accel, ckpt: Path, state: dict) -> None:

@@ -1,0 +1,66 @@
+"""Self-distillation through vLLM: the target's replies to many prompts at once, by vLLM's continuous
+batching (`--distill-engine vllm`), instead of `teacher.self_distill`'s padded `generate` batches.
+
+Same contract as `self_distill`: prompts visited in `distill_order`, every `sample_every`-th batch of
+`batch_size` prompts sampled at temperature 0.7 (seeded per prompt), the rest greedy, replies cut after
+the first stop token and kept from 4 tokens on; a token dataset with the loss on the reply. Only the
+replies come from vLLM: the teacher's features and top-k are then computed by our own forward over the
+finished sequences (`teacher.cache_features`), as for conversations as written.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from fasteagle.train.teacher import distill_order
+
+CHUNK = 256  # prompts handed to vLLM at a time: enough to keep its batch full, few enough to honour a time cap
+
+
+def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256,
+                 batch_size: int = 128, time_budget_s: float | None = None, sample_every: int = 4,
+                 seed: int = 0) -> dict:
+    """The target's replies to `prompts` made by vLLM (fp32, as ours), as a token dataset that also says
+    which engine made it (`engine`)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from fasteagle import vllm_engine as ve
+
+    llm = ve.engine(target, "vanilla", seed=seed)
+    stop = [t for t in {tokenizer.eos_token_id, *_eos_ids(llm)} if t is not None]
+    order = distill_order([len(p) for p in prompts], batch_size, seed)
+
+    def params(pos: int) -> SamplingParams:
+        sampled = bool(sample_every) and (pos // batch_size) % sample_every == sample_every - 1
+        return SamplingParams(max_tokens=max_new_tokens, temperature=0.7 if sampled else 0.0, stop_token_ids=stop,
+                              seed=seed + pos if sampled else None)
+
+    data = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
+    t0 = time.monotonic()
+    try:
+        for start in tqdm(range(0, len(order), CHUNK), desc="self-distill (vLLM)"):
+            if time_budget_s and time.monotonic() - t0 > time_budget_s:
+                break
+            chunk = order[start:start + CHUNK]
+            outs = llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i])) for i in chunk],
+                                [params(start + j) for j in range(len(chunk))], use_tqdm=False)
+            for i, o in zip(chunk, outs):
+                reply = list(o.outputs[0].token_ids)
+                if len(reply) < 4:
+                    continue
+                data["input_ids"].append(list(prompts[i]) + reply)
+                data["loss_mask"].append([0] * len(prompts[i]) + [1] * len(reply))
+                data["prompt_ids"].append(list(prompts[i]))
+                data["ids"].append(str(i))
+    finally:
+        ve.close(llm)
+    return data | {"engine": f"vllm {ve.require_vllm().__version__}"}
+
+
+def _eos_ids(llm) -> list[int]:
+    """The target's own stop ids (its generation config may name several)."""
+    eos = getattr(llm.llm_engine.model_config.hf_config, "eos_token_id", None)
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
