@@ -21,6 +21,7 @@ LAYERS = [
     {"fasteagle.methods"},
     {"fasteagle.profile", "fasteagle.train", "fasteagle.train.teacher", "fasteagle.train.data"},
     {"fasteagle.train.tasks"},
+    {"fasteagle.train.fast_replies"},
     {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench", "fasteagle.bench.prompts",
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
      "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.cli_vllm"},
