@@ -21,6 +21,9 @@ from gradio_client import Client, handle_file
 
 import app
 import viz
+from fasteagle.app import engine as app_engine
+from fasteagle.app import handlers as app_handlers
+from fasteagle.app import text as app_text
 
 # Outputs of /run and /replay_file, in order.
 OUT = ["spec_stats", "spec_reply", "van_stats", "van_reply", "badge", "tree", "slider", "step_info", "summary",
@@ -145,16 +148,16 @@ def test_sampling_runs_and_the_badge_explains(tiny_app):
         again = call_run(client, "w9 w10 w11 w9 w10 w11", max_new=10, temperature=0.9, seed=3)
         assert reply_text(again["spec_reply"]) == reply_text(res["spec_reply"])  # the seed fixes the sample
     # the tiny target is so peaked that both sides sample the same reply: the badges for replies that differ
-    differ = app.badge_html([5, 6, 7], [5, 6, 8], greedy=False, dtype="float32")
+    differ = app_text.badge_html([5, 6, 7], [5, 6, 8], greedy=False, dtype="float32")
     assert 'data-identical="false"' in differ and "from token 2 on" in differ and "expected when sampling" in differ
-    bug = app.badge_html([5, 6, 7], [5, 9], greedy=True, dtype="float32")
+    bug = app_text.badge_html([5, 6, 7], [5, 9], greedy=True, dtype="float32")
     assert 'data-identical="false"' in bug and "from token 1 on" in bug and "this is a bug" in bug
-    assert "half precision" in app.badge_html([5, 6], [5, 6, 7], greedy=True, dtype="bfloat16")  # from token 2
-    assert 'data-identical="true"' in app.badge_html([5, 6], [5, 6], greedy=True, dtype="bfloat16")
+    assert "half precision" in app_text.badge_html([5, 6], [5, 6, 7], greedy=True, dtype="bfloat16")  # from token 2
+    assert 'data-identical="true"' in app_text.badge_html([5, 6], [5, 6], greedy=True, dtype="bfloat16")
 
 
 def test_a_failure_mid_decode_warns_and_the_next_run_works(tiny_app, warnings, monkeypatch):
-    real = app.generate
+    real = app_engine.generate
 
     def failing(*args, **kwargs):
         gen = real(*args, **kwargs)
@@ -162,20 +165,20 @@ def test_a_failure_mid_decode_warns_and_the_next_run_works(tiny_app, warnings, m
         raise RuntimeError("boom\nsecond line")
 
     with served(tiny_app) as client:
-        monkeypatch.setattr(app, "generate", failing)
+        monkeypatch.setattr(app_engine, "generate", failing)
         res = call_run(client, "w9 w10 w11", max_new=6)
         assert warnings[-1] == "decoding failed: RuntimeError: boom"
         assert "decoding failed" in res["badge"] and "Traceback" not in res["badge"]
-        monkeypatch.setattr(app, "generate", real)
+        monkeypatch.setattr(app_engine, "generate", real)
         good = call_run(client, "w9 w10 w11 w9 w10 w11", max_new=6)
-        monkeypatch.setattr(app, "generate", failing)
+        monkeypatch.setattr(app_engine, "generate", failing)
         res = call_run(client, "w12 w13", max_new=6)  # fails after a good run: that run is shown again
         assert "decoding failed" in res["badge"]
         assert res["summary"] == good["summary"] and res["spec_reply"] == good["spec_reply"]
         assert res["slider"]["interactive"] is True and res["download"] is not None
         fig, info = client.predict(1, api_name="/replay_step")
         assert "Step 1 of" in info
-        monkeypatch.setattr(app, "generate", real)
+        monkeypatch.setattr(app_engine, "generate", real)
         check_complete_run(call_run(client, "w9 w10 w11 w9 w10 w11", max_new=6), 6)
 
 
@@ -184,16 +187,16 @@ def test_the_speed_up_is_per_token():
     spec = {"tokens": 40, "forwards": 20, "tau": 1.95, "wall_s": 2.0, "tokens_per_s": 20.0, "prefill_ms": 1,
             "draft_ms": 1, "verify_ms": 1, "other_ms": 1}
     van = spec | {"tokens": 16, "forwards": 15, "tau": 1.0, "wall_s": 1.0, "tokens_per_s": 16.0}
-    text = app.summary_markdown("lookup", spec, van)
+    text = app_text.summary_markdown("lookup", spec, van)
     assert "**1.25×**" in text and "differ in length (40 and 16 tokens)" in text
-    assert "differ in length" not in app.summary_markdown("lookup", spec, spec)
+    assert "differ in length" not in app_text.summary_markdown("lookup", spec, spec)
 
 
 @pytest.mark.parametrize("token", ["abc", "```", "a`b", "`x", " ``"])
 def test_tokens_with_backticks_stay_one_code_span(token):
     from markdown_it import MarkdownIt
 
-    rendered = MarkdownIt().renderInline(app._code(token))
+    rendered = MarkdownIt().renderInline(app_text._code(token))
     assert rendered == f"<code>{html.escape(token, quote=False)}</code>"
 
 
@@ -332,7 +335,7 @@ def test_examples_have_short_labels_and_one_samples(tiny_app):
 
 def test_decode_first_then_animate(tiny, tmp_path, monkeypatch):
     """The ZeroGPU path: both decodes run in one call returning plain data, then the UI animates."""
-    monkeypatch.setattr(app, "ANIMATE_S", 0.2)
+    monkeypatch.setattr(app_handlers, "ANIMATE_S", 0.2)
     demo = app.build_app(tiny, drafter_dir=tmp_path / "none", precompute=True)
     result = app.ENGINE.decode_both(app.ENGINE.request("w9 w10 w9 w10", "lookup", 0, 6, "4", 8, 0))
     json.dumps(result)  # plain data only
@@ -361,11 +364,11 @@ def test_the_shipped_eagle3_drafter_comes_with_its_equal_cascade(tmp_path, monke
     """With the shipped EAGLE-3 drafter the app also offers the cascade trained on the same tokens, right
     after it, and says what the two are; another EAGLE-3 drafter has no such partner."""
     monkeypatch.delenv("FASTEAGLE_EAGLE3_DRAFTER", raising=False)
-    specs = app.method_specs()
+    specs = app_engine.method_specs()
     assert [m.label for m in specs] == ["FastEagle", "EAGLE-3", app.EQUAL_LABEL, "FastEagle + lookup", "lookup"]
     equal = specs[2]
-    assert (equal.key, equal.drafter_dir, equal.available) == ("fasteagle", app.EQUAL_DRAFTER, True)
-    assert app.EQUAL_LABEL not in [m.label for m in app.method_specs(eagle3_dir=tmp_path)]
+    assert (equal.key, equal.drafter_dir, equal.available) == ("fasteagle", app_engine.EQUAL_DRAFTER, True)
+    assert app.EQUAL_LABEL not in [m.label for m in app_engine.method_specs(eagle3_dir=tmp_path)]
 
 
 def test_trained_drafters_are_offered_and_draw_trees(tiny, drafters):
@@ -469,7 +472,7 @@ def test_a_replayed_file_loads_its_prompt_and_settings(tiny_app, tmp_path):
 
 def test_the_slider_shows_the_decodes_range_while_decoding(tiny_app, monkeypatch):
     """While decoding, the replay slider spans the steps decoded so far, not 0..MAX_NEW_TOKENS."""
-    monkeypatch.setattr(app, "FRAME_S", 0.0)  # every step on screen
+    monkeypatch.setattr(app_handlers, "FRAME_S", 0.0)  # every step on screen
     with served(tiny_app) as client:
         job = client.submit("w9 w10 w11 w9 w10 w11 w9 w10", "lookup", 0.0, 12, "4", 8, 0, "product",
                             api_name="/run")
@@ -567,7 +570,7 @@ def test_presentation_mode_redraws_the_tree_large(tiny_app):
     assert on is True and side.visible is True
     label = next(t for t in fig.data if t.name == "accepted").textfont.size
     assert label == viz.LARGE.label_px and fig.layout.title.font.size == viz.LARGE.title_px
-    assert fig.layout.height == app._run_tree_height(run, viz.LARGE)
+    assert fig.layout.height == app_handlers._run_tree_height(run, viz.LARGE)
     off, fig, side = h.on_present(False, 1, run)
     assert off is False and side.visible is False and fig.layout.title.font.size == viz.NORMAL.title_px
     assert kept(h.on_present(True, 1, None)[1])  # nothing to redraw
@@ -585,7 +588,7 @@ def test_the_paper_size_tree_sets_its_budget_and_says_what_it_costs(tiny, drafte
     # a new method keeps the chosen size
     assert h.on_method("EAGLE-3", "paper") == 60
     assert h.on_method("EAGLE-3", "fast") == app.default_budget("eagle3", False)
-    gpu = app.paper_tree_note(app.ENGINE.method("FastEagle"), 128, on_gpu=True)
+    gpu = app_text.paper_tree_note(app.ENGINE.method("FastEagle"), 128, on_gpu=True)
     assert "nearly free" in gpu and "slower" not in gpu
 
 

@@ -30,12 +30,17 @@ def _bar(label: str, forwards: int, most: int, color: str) -> str:
 
 
 def race_html(spec_traces: Sequence[Mapping], van_traces: Sequence[Mapping] | None, spec_wall_s: float | None,
-              van_wall_s: float | None = None, method: str = "speculative") -> str:
+              van_wall_s: float | None = None, method: str = "speculative",
+              van_modelled: Mapping | None = None) -> str:
     """The race of a finished run, as HTML: target forwards of the speculative decode against vanilla
     decoding (the steady number), tau, and the wall-clock speed-up this run measured on this machine.
-    The wall times are each decode's seconds (None: the sum of its steps' timings)."""
+    The wall times are each decode's seconds (None: the sum of its steps' timings). `van_modelled`:
+    without vanilla traces, vanilla's modelled summary (one forward per token, its time from a
+    measured step), drawn and named as modelled."""
     spec = trace.run_summary(spec_traces, spec_wall_s)
     head = f'<div class="fe-race" data-forwards="{spec["forwards"]}">'
+    if not van_traces and van_modelled:
+        return head + _modelled(spec, van_modelled, method)
     if not van_traces:
         return (head + f"<b>{escape(method)}</b>: {spec['forwards']} target forwards for {spec['tokens']} tokens · "
                 f"τ {spec['tau']:.2f} (no vanilla decode in this trace)</div>")
@@ -51,3 +56,19 @@ def race_html(spec_traces: Sequence[Mapping], van_traces: Sequence[Mapping] | No
             + '<div class="fe-race-note">Target forwards are the steady number: the same on any machine. '
             "The wall-clock speed-up is what this run measured on this machine (a GPU usually gains more than a "
             "small CPU).</div></div>")
+
+
+def _modelled(spec: Mapping, van: Mapping, method: str) -> str:
+    """The race against a vanilla decode that was not run: its forwards are one per token after the
+    prefill (exact for the same reply), its time a model, and the strip says so."""
+    most = max(spec["forwards"], int(van["forwards"]), 1)
+    fewer = van["forwards"] / spec["forwards"] if spec["forwards"] else 0.0
+    speed = spec["tokens_per_s"] / van["tokens_per_s"] if van["tokens_per_s"] > 0 else 0.0
+    return (f'<div class="fe-race-head" data-modelled="true"><b>{spec["forwards"]} vs {int(van["forwards"])} target '
+            f"forwards: {fewer:.2f}× fewer</b> · τ {spec['tau']:.2f} tokens per forward · wall-clock speed-up "
+            f"<b>{speed:.2f}× (modelled)</b></div>"
+            + _bar(method, spec["forwards"], most, "#2e9d49")
+            + _bar("vanilla (modelled)", int(van["forwards"]), most, "#b9c2cf")
+            + '<div class="fe-race-note">Vanilla was not decoded: other pages were waiting. Its forwards are one per '
+            "token of this reply; its time is modelled from a plain decode step measured on this machine "
+            f"({float(van.get('step_ms', 0)):.0f} ms per forward).</div></div>")

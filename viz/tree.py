@@ -423,8 +423,11 @@ def _layout(title: str, lay: Layout, min_height: int, style: TreeStyle) -> dict:
         height, span = min_height, max(lay.rows, (min_height - margin["t"] - margin["b"]) / style.row_px)
     return dict(
         title={"text": title, "x": 0.01, "font": {"size": style.title_px}, "yref": "container", "y": 1,
-               # Plotly lifts a title anchored at its top by its extra lines: pad them back down
-               "yanchor": "top", "pad": {"t": TITLE_TOP_PX + style.top_px(lines) - style.top_px(1)}},
+               # Plotly sets a title anchored at its top about one font size above its pad, whatever its
+               # lines (measured in Chromium: 13 px at 14 px, 18 at 19), so it starts at TITLE_TOP_PX and
+               # its last line ends above the plot (top_px); more padding pushed a 3-line title onto the
+               # tree's top nodes in presentation mode
+               "yanchor": "top", "pad": {"t": TITLE_TOP_PX + style.title_px}},
         height=height, margin=margin, plot_bgcolor="white", paper_bgcolor="white",
         legend={"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0,
                 "font": {"size": style.legend_px}},

@@ -409,6 +409,64 @@ def test_presentation_mode(app_url, page):
     page.wait_for_selector("#tree-side", state="hidden")
 
 
+# The tree's node markers and visible labels, and the title, in page pixels (presentation mode check).
+TREE_TOP = """() => {
+    const root = document.querySelector('#tree-plot .js-plotly-plot');
+    const r = (el) => { const b = el.getBoundingClientRect(); return {l: b.left, t: b.top, r: b.right, b: b.bottom}; };
+    const shown = (el) => getComputedStyle(el).visibility !== 'hidden' && el.getBoundingClientRect().width > 0;
+    return {title: r(root.querySelector('.gtitle')), step: root.layout.title.text,
+            nodes: Array.from(root.querySelectorAll('.scatterlayer .point, .scatterlayer .textpoint text'))
+                        .filter(shown).map(r)}; }"""
+
+
+@pytest.mark.parametrize("size", [(1440, 900), (1920, 1080)])
+def test_presentation_mode_fits_a_projector(app_url, page, size):
+    """Presentation mode at a projector's sizes, with a paper-size tree (its title takes more lines, and
+    folded nodes a line of their own): the title ends above the tree's top nodes and labels, the
+    labels lie apart inside the plot, and the explainer stands beside the tree, not over it. A
+    screenshot of each size goes to assets/screenshot-present-<width>.png."""
+    import app
+
+    url, method = app_url
+    width, height = size
+    context = page.context.browser.new_context(viewport={"width": width, "height": height})
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(180_000)
+        pg.goto(url, wait_until="load")
+        pg.locator("#present input[type=checkbox]").check()
+        pg.wait_for_function("() => document.body.classList.contains('fe-present')")
+        pg.locator("#prompt textarea").fill(PROMPT)
+        pg.locator("#method label", has_text=method).first.click()
+        pg.locator("#tree-size label", has_text="paper").first.click()
+        num = pg.locator("#max-new input[type=number]")
+        num.fill("12")
+        num.press("Enter")
+        pg.locator("#run").click()
+        pg.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+        pg.wait_for_function(f"() => document.querySelector('#tree-plot .js-plotly-plot')?.layout?.title?.font?.size"
+                             f" === {app.viz.LARGE.title_px}")
+        seen = []
+        for step in (None, 1):  # the step it lands on, then the first
+            if step is not None:
+                _set_step(pg, step)
+            pg.locator("#tree-plot").scroll_into_view_if_needed()
+            pg.mouse.move(5, height - 5)
+            pg.wait_for_timeout(800)  # Plotly's afterplot hides the labels that would overlap
+            seen.append((pg.evaluate(TREE_TOP), pg.evaluate(TREE_BOXES)))
+        pg.evaluate("() => document.querySelector('#tree-plot').scrollIntoView({block: 'start'})")
+        pg.wait_for_timeout(500)
+        pg.screenshot(path=str(SCREENSHOT.with_name(f"screenshot-present-{width}.png")))
+        side, tree = _box(pg, "#tree-side"), _box(pg, "#tree-plot")
+    finally:
+        context.close()
+    assert tree["r"] <= side["l"] + 0.5, (tree, side)  # side by side, not over each other
+    for top, boxes in seen:
+        assert top["nodes"], top["step"]
+        assert top["title"]["b"] <= min(n["t"] for n in top["nodes"]) + 0.5, (top["step"], top["title"])
+        _check_tree_boxes(boxes)
+
+
 def test_all_methods_on_one_prompt(app_url, page):
     """Run all methods: a progress line while each decodes, then one table (a row per method and
     vanilla) and one per-depth chart (a line per method), in the section that opens below the charts."""
