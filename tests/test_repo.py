@@ -108,8 +108,10 @@ def test_the_shipped_eagle3_drafter_and_its_equal_cascade_trained_alike():
 
     fe, e3 = (json.loads((d / "config.json").read_text())["training"] for d in (EQUAL_DRAFTER, DEFAULT_EAGLE3))
     assert (fe["drafter"], e3["drafter"]) == ("fasteagle", "eagle3")
-    for key in ("steps", "tokens_trained", "tokens_per_feature_dir", "feature_dir", "extra_features", "seed",
-                "micro_batch", "schedule", "warmup", "draft_vocab", "max_len"):
+    for key in ("steps", "steps_all", "tokens_trained", "extra_features", "seed", "micro_batch", "schedule",
+                "warmup", "draft_vocab", "max_len"):
         assert fe[key] == e3[key], key
+    # the same shards (stage 2's lay in one folder under two paths: a recipe's and the run by hand it stands for)
+    assert sorted(fe["tokens_per_feature_dir"].values()) == sorted(e3["tokens_per_feature_dir"].values())
     logs = [json.loads((d / "training_log.json").read_text()) for d in (EQUAL_DRAFTER, DEFAULT_EAGLE3)]
-    assert [len(log) for log in logs] == [1, 1] and logs[0][0]["data"] == logs[1][0]["data"]
+    assert len(logs[0]) == len(logs[1]) and all(a["data"] == b["data"] for a, b in zip(*logs))

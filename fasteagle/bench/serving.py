@@ -147,4 +147,4 @@ def markdown(result: dict) -> str:
             tau = f"{r['tau']:.3f}" if "tau" in r else "1.000"
             lines.append(f"| {m} | {engine} | {r['identical']}/{result['prompts']} | {tau} | {per} | "
                          + " | ".join(speeds) + " |")
-    return title + "\n".join(lines)
+    return title + "\n".join(lines) + "\n"
