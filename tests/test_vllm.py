@@ -129,14 +129,16 @@ def test_serve_answers_chat_completions_streamed_and_not_then_stops(smollm, tmp_
 
 def test_vllm_writes_the_replies_our_engine_writes(smollm):
     """`--distill-engine vllm`: the same greedy replies as `self_distill` (fp32), in the same dataset form,
-    saying which engine made them (measured: 8 of 8 held-out prompts identical at 48 tokens)."""
+    saying which engine made them (measured: 8 of 8 held-out prompts identical at 48 tokens, all greedy);
+    a sampled batch runs too (vLLM's CPU sampler refuses a per-request seed)."""
     from fasteagle.train import data as data_mod
     from fasteagle.train.fast_replies import vllm_replies
-    from fasteagle.train.teacher import self_distill
+    from fasteagle.train.teacher import distill_order, self_distill
 
     prompts = data_mod.build_token_dataset(smollm.tokenizer, "holdout", 1024, limit=8)["prompt_ids"][:8]
-    theirs = vllm_replies(None, smollm.tokenizer, prompts, 48, 4, sample_every=0)
+    theirs = vllm_replies(None, smollm.tokenizer, prompts, 48, 4, sample_every=2)  # the second batch sampled
     ours = self_distill(smollm.model, smollm.tokenizer, prompts, 48, 4, sample_every=0)
     assert theirs["engine"].startswith("vllm 0.32") and set(theirs) - {"engine"} == set(ours)
     a, b = dict(zip(theirs["ids"], theirs["input_ids"])), dict(zip(ours["ids"], ours["input_ids"]))
-    assert a.keys() == b.keys() and sum(a[k] == b[k] for k in a) >= 7
+    greedy = [str(i) for i in distill_order([len(p) for p in prompts], 4, 0)[:4]]
+    assert a.keys() == b.keys() and sum(a[k] == b[k] for k in greedy) >= 3

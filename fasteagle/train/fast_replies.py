@@ -2,7 +2,7 @@
 batching (`--distill-engine vllm`), instead of `teacher.self_distill`'s padded `generate` batches.
 
 Same contract as `self_distill`: prompts visited in `distill_order`, every `sample_every`-th batch of
-`batch_size` prompts sampled at temperature 0.7 (seeded per prompt), the rest greedy, replies cut after
+`batch_size` prompts sampled at temperature 0.7 (the engine seeded), the rest greedy, replies cut after
 the first stop token and kept from 4 tokens on; a token dataset with the loss on the reply. Only the
 replies come from vLLM: the teacher's features and top-k are then computed by our own forward over the
 finished sequences (`teacher.cache_features`), as for conversations as written.
@@ -35,8 +35,9 @@ def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_ne
 
     def params(pos: int) -> SamplingParams:
         sampled = bool(sample_every) and (pos // batch_size) % sample_every == sample_every - 1
-        return SamplingParams(max_tokens=max_new_tokens, temperature=0.7 if sampled else 0.0, stop_token_ids=stop,
-                              seed=seed + pos if sampled else None)
+        # no per-request seed: vLLM's CPU sampler refuses one ("CPU Generator does not use offset"); the
+        # engine's own seed makes a run repeatable
+        return SamplingParams(max_tokens=max_new_tokens, temperature=0.7 if sampled else 0.0, stop_token_ids=stop)
 
     data = {"input_ids": [], "loss_mask": [], "prompt_ids": [], "ids": []}
     t0 = time.monotonic()
