@@ -612,11 +612,10 @@ def _check_args(args) -> None:
             args.prompt.encode("utf-8")
         except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
             raise FastEagleError("the prompt is not valid UTF-8 text; check the terminal's encoding") from None
-    from fasteagle import eagle3_format
-    from fasteagle.draftbase import peek
+    from fasteagle.eagle3_format import peek
 
     for path in _drafter_dirs(args):
-        (eagle3_format.peek if eagle3_format.is_checkpoint(path) else peek)(path)
+        peek(path)
     if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**64:
         raise FastEagleError(f"--seed must be between 0 and 2**64 - 1 (got {args.seed})")
     if hasattr(args, "temperature"):

@@ -39,12 +39,11 @@ def add_parsers(sub) -> None:
 
 def cmd_export(args) -> int:
     from fasteagle import eagle3_format
-    from fasteagle.draftbase import peek
     from fasteagle.methods import load_drafter
     from fasteagle.target import load_target
 
     src = eagle3_format.resolve(args.drafter)
-    (eagle3_format.peek if eagle3_format.is_checkpoint(src) else peek)(src)
+    eagle3_format.peek(src)
     target = load_target(args.target, "cpu", "fp32", pack=False)
     out = eagle3_format.export(load_drafter(src, target.model, int8=False), args.out, target.name)
     print(f"wrote {out}: vLLM serves it with speculative_config={{\"method\": \"eagle3\", \"model\": \"{out}\", "

@@ -1,7 +1,7 @@
 """The EAGLE-3-style baseline: one decoder layer run once per depth (autoregressive drafting).
 
-    g_t = FC(target low|mid|high hidden states at t)           (step 1)
-    h   = L(Proj(concat(norm(embed(x_{t+1})), norm(g_t))))       -> p(x_{t+2})
+    g_t = FC(target low|mid|high hidden states at t)                       (step 1)
+    h   = g_t + Attn([norm(embed(x_{t+1})); norm(g_t)]), then its MLP       -> p(x_{t+2})
     step a > 1 feeds the layer its own previous output as g, with the next token's embedding.
 
 Training-time test (TTT): the layer is unrolled for `depth` steps over whole sequences, each step
@@ -10,9 +10,10 @@ layer-wise loss as the cascade's depth a (`DrafterBase.loss`). Drafting grows an
 dynamic tree: per depth expand the top-k frontier nodes by cumulative log-probability, then a
 global rerank keeps the best `tree_budget - 1` nodes.
 
-Differences from the EAGLE-3 repository, on purpose: the 2h-wide attention input is a linear
-projection in front of a stock `LlamaDecoderLayer` (no forked modeling code), and the LM head is
-the target's frozen one (optionally over a reduced draft vocab), as for the cascade.
+That is EAGLE-3's own network (layout "eagle3", what `fasteagle.eagle3_format` reads and writes), built
+from a stock `LlamaDecoderLayer` with wider q/k/v (no forked modeling code); the LM head is the target's
+frozen one over the draft vocab unless an imported checkpoint brings its own. Layout "proj", our
+first drafter's, puts a linear projection of that concatenation in front of a stock layer instead.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from fasteagle.draftbase import DrafterConfig, finish_load
+from fasteagle.draftbase import peek as peek_ours
 from fasteagle.errors import FastEagleError
 from fasteagle.files import atomic_path, write_text
 
@@ -115,7 +116,11 @@ def read_config(path: str | Path, target_layers: int | None = None) -> tuple[dic
 
 
 def peek(path: str | Path) -> None:
-    """Check a checkpoint's config and that it has weights, without reading them (before a target loads)."""
+    """Check a drafter folder, ours or an EAGLE-3 checkpoint: its config, and that it has weights, without
+    reading them (before a target loads)."""
+    if not is_checkpoint(path):
+        peek_ours(path)
+        return
     read_config(path)
     weight_files(Path(path))
 
@@ -139,7 +144,7 @@ def _read(file: Path) -> dict[str, torch.Tensor]:
         raise FastEagleError(f"the EAGLE-3 weights {file} are corrupt or truncated ({detail})") from None
 
 
-def to_ours(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+def to_ours(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The format's weight names -> the drafter's (`midlayer.` is layer 0; `norm` the final norm; d2t is
     kept as is and turned into `vocab_ids` by the caller)."""
     out = {}
@@ -161,7 +166,7 @@ def load(spec: str | Path, target_model: torch.nn.Module | None = None, int8: bo
     path = resolve(spec)
     n_target = getattr(getattr(target_model, "config", None), "num_hidden_layers", None)
     raw, cfg = read_config(path, n_target)
-    state = to_ours({k: v for f in weight_files(path) for k, v in _read(f).items()}, cfg.num_layers)
+    state = to_ours({k: v for f in weight_files(path) for k, v in _read(f).items()})
     d2t = state.pop("d2t", None)
     cfg.own_head, cfg.own_embed = "lm_head.weight" in state, "embed_tokens.weight" in state
     if target_model is not None and cfg.own_embed:

@@ -3,7 +3,7 @@ speculative-decoding counters it keeps, read the way our traces count.
 
     llm = engine(target_dir, method="eagle3", drafter=DIR, k=3)   # vllm.LLM, greedy-ready
     outs = generate(llm, prompt_ids, max_new_tokens=64)           # token ids per prompt
-    acceptance(llm)                                               # {"drafts", "tau", "per_position", ...}
+    acceptance(counters(llm))                                     # {"drafts", "tau", "per_position", ...}
 
 vLLM is an extra (requirements-vllm.txt): nothing else in the package imports it. Its CPU worker binds
 one core and keeps the other for the engine's own process on a 2-core machine, so its timings are
@@ -78,7 +78,7 @@ def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict 
 def engine(target: str | None, method: str = "vanilla", drafter: str | Path | None = None, k: int = 3,
            dtype: str = "float32", max_model_len: int = 2048, seed: int = 0):
     """A `vllm.LLM` for the target with `method`'s speculative decoding; fp32 and eager by default, so that
-    its greedy output can be held to ours token for token. Its statistics are on (`acceptance`)."""
+    its greedy output can be held to ours token for token. Its statistics are on (`counters`)."""
     vllm = require_vllm()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default takes far more
     return vllm.LLM(model=target_dir(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
@@ -96,32 +96,33 @@ def generate(llm, prompts: list[list[int]], max_new_tokens: int, temperature: fl
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def acceptance(llm) -> dict:
-    """vLLM's speculative-decoding counters since start-up, as our traces count them: drafts (verify steps
-    that had a draft), tau (tokens per step, the bonus token included: 1 + accepted / drafts) and the
-    acceptance rate at each draft position (accepted at position i / drafts)."""
-    counters, per_pos = {}, []
+def counters(llm) -> dict:
+    """vLLM's speculative-decoding counters since start-up: drafts (verify steps that had a draft), draft
+    tokens, accepted tokens, and accepted tokens at each draft position."""
+    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": []}
+    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted"}
     for m in llm.get_metrics():
         if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            per_pos = list(m.values)
-        elif m.name.startswith("vllm:spec_decode_num_"):
-            counters[m.name.removeprefix("vllm:spec_decode_num_")] = getattr(m, "value", 0)
-    drafts = int(counters.get("drafts", 0))
-    accepted = int(counters.get("accepted_tokens", 0))
-    return {"drafts": drafts, "draft_tokens": int(counters.get("draft_tokens", 0)), "accepted": accepted,
-            "tau": 1 + accepted / drafts if drafts else 1.0,
-            "per_position": [v / drafts if drafts else 0.0 for v in per_pos]}
+            out["accepted_per_position"] = [int(v) for v in m.values]
+        elif m.name in names:
+            out[names[m.name]] = int(getattr(m, "value", 0))
+    return out
 
 
-def difference(after: dict, before: dict) -> dict:
-    """The counters of `acceptance` between two readings (one run's share of an engine's lifetime)."""
-    drafts = after["drafts"] - before["drafts"]
-    accepted = after["accepted"] - before["accepted"]
-    old = before["per_position"] + [0.0] * (len(after["per_position"]) - len(before["per_position"]))
-    per_pos = [a * after["drafts"] - b * before["drafts"] for a, b in zip(after["per_position"], old)]
-    return {"drafts": drafts, "draft_tokens": after["draft_tokens"] - before["draft_tokens"], "accepted": accepted,
-            "tau": 1 + accepted / drafts if drafts else 1.0,
-            "per_position": [round(v) / drafts if drafts else 0.0 for v in per_pos]}
+def since(after: dict, before: dict) -> dict:
+    """The counters between two readings of `counters` (one run's share of an engine's lifetime)."""
+    old = before["accepted_per_position"] + [0] * len(after["accepted_per_position"])
+    return {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")} | {
+        "accepted_per_position": [a - b for a, b in zip(after["accepted_per_position"], old)]}
+
+
+def acceptance(c: dict) -> dict:
+    """Counters as our traces count them: tau (tokens per step, the bonus token included: 1 + accepted /
+    drafts) and the acceptance rate at each draft position (accepted there / drafts)."""
+    d = c["drafts"]
+    return c | {"tau": 1 + c["accepted"] / d if d else 1.0,
+                "per_position": [a / d if d else 0.0 for a in c["accepted_per_position"]]}
 
 
 def close(llm) -> None:

@@ -78,12 +78,12 @@ def run_vllm(target_name, method: str, drafter: Path | None, prompts: list[list[
     llm = ve.engine(target_name, method, drafter, k)
     try:
         ve.generate(llm, prompts[:1], 8)  # warm-up
-        before = ve.acceptance(llm)
+        before = ve.counters(llm)
         replies, t0 = [], time.perf_counter()
         for p in tqdm(prompts, desc=f"vLLM {method}", leave=False):
             replies += ve.generate(llm, [p], max_new)
         speed = {"1": sum(map(len, replies)) / (time.perf_counter() - t0)}
-        rates = ve.difference(ve.acceptance(llm), before)
+        rates = ve.acceptance(ve.since(ve.counters(llm), before))
         for b in (b for b in batch_sizes if b > 1):
             batch = [prompts[i % len(prompts)] for i in range(b)]
             t0 = time.perf_counter()
