@@ -235,31 +235,6 @@ def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[in
     return sizes, depths, budgets
 
 
-def _bench_engines(args) -> int:
-    """`--engine vllm`: our engine against vLLM on the same prompts, each drafting a chain of k tokens."""
-    import datetime
-
-    from fasteagle import bench
-    from fasteagle.bench.serving import compare_engines
-    from fasteagle.target import load_target
-    from fasteagle.vllm_engine import require_vllm
-
-    vllm = require_vllm()
-    k = (args.tree_budget or 4) - 1  # a chain: the root and k drafted tokens
-    if args.tree_k not in (None, "1") or k < 1:
-        raise FastEagleError("--engine vllm drafts a chain: give --tree-k 1 (or none) and --tree-budget k+1 >= 2")
-    sizes = int_list(args.batch_sizes, "--batch-sizes")
-    if args.out:
-        _check_out(args.out, charts=False)
-    names, _, prompts = _bench_prompts(args)
-    target = load_target(args.target, "cpu", "fp32", pack=args.pack)
-    doc = compare_engines(target, method_settings(args), names, [p["text"] for p in prompts], k,
-                          args.max_new_tokens, sizes, args.target)
-    return _report(doc | {"engines": ["ours", "vllm"], "vllm": vllm.__version__, "target": target.name,
-                          "device": bench.device_name(target.device), "prompt_files": args.prompts,
-                          "date": datetime.date.today().isoformat()}, args.out)
-
-
 def _bench_draft_step(args) -> int:
     from fasteagle import bench
 
@@ -286,11 +261,12 @@ def _bench_verify_cost(args) -> int:
 def _bench_prompts(args) -> tuple[list[str], list[str], list[dict]]:
     """The methods to measure (vanilla always among them), the prompt files and their prompts."""
     from fasteagle import bench
+    from fasteagle.vllm_engine import METHODS as ENGINE_METHODS
 
     if not args.prompts:
         raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
     names = _names(args.methods)
-    known = (*bench.HF_METHODS, *METHODS) if getattr(args, "engine", None) != "vllm" else ("vanilla", "eagle3", "ngram")
+    known = (*bench.HF_METHODS, *METHODS) if getattr(args, "engine", None) != "vllm" else ENGINE_METHODS
     unknown = [m for m in names if m not in known and m not in ALIASES]  # aliases: recorded results cite them
     if unknown:
         raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
@@ -425,7 +401,7 @@ BENCH_MODES = {
     "verify_cost": _bench_verify_cost,
     "profile_step": _bench_profile,
     "budget_curve": _bench_budget_curve,
-    "engine": lambda args: _bench_engines(args) if args.engine == "vllm" else _bench_compare(args),
+    "engine": lambda args: _vllm().bench(args) if args.engine == "vllm" else _bench_compare(args),
     "compare": _bench_compare,
 }
 
@@ -593,11 +569,16 @@ def _bench_parser(sub) -> None:
                    help="write the .md table (and a method comparison's .html charts) of these result JSON files "
                         "again, with this version's tables and charts; nothing is timed")
     b.add_argument("--engine", choices=["ours", "vllm"], default=None,
-                   help="vllm: run --methods (vanilla, eagle3, ngram) in vLLM and in ours on the same prompts, each "
-                        "drafting a chain of --tree-budget minus one tokens, vLLM's plain output the reference "
-                        "(needs requirements-vllm.txt)")
+                   help="vllm: run --methods (vanilla, eagle3, fasteagle, fasteagle-equal, ngram) in vLLM and in ours "
+                        "on the same prompts, each drafting a chain of --tree-budget minus one tokens, vLLM's plain "
+                        "output the reference; with --repeats, in vLLM alone across --batch-sizes (needs "
+                        "requirements-vllm.txt)")
     b.add_argument("--batch-sizes", dest="batch_sizes", default="1", help="with --engine vllm: vLLM's tokens/s at "
                    "these batch sizes (the prompts repeated to fill a batch)")
+    b.add_argument("--repeats", type=int, default=None, help="with --engine vllm: the batch sweep in vLLM alone, "
+                   "every timing this many times, interleaved across methods (docs/serving.md)")
+    b.add_argument("--temperatures", default="0", help="with --repeats: greedy (0) and sampled temperatures, "
+                   "comma list (default 0)")
     _add_target_args(b)
     _add_method_args(b)
     b.set_defaults(func=cmd_bench)

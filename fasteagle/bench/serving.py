@@ -4,8 +4,9 @@ drafting a chain of k tokens, vLLM's plain decoding as the reference output.
 Per method and engine: whether each reply is token-identical to vLLM's plain decoding, tau (tokens per
 target forward, bonus included), the acceptance rate at each chain position, and tokens/s (vLLM at each
 asked batch size, the prompts repeated to fill a batch; ours at batch 1). vLLM's CPU worker runs on one
-thread, so ours is timed on one thread too. An EAGLE-3-style drafter of ours is exported to the EAGLE-3
-format for vLLM first (`fasteagle.eagle3_format`); an EAGLE-3 checkpoint is read by both as it is.
+thread, so ours is timed on one thread too. Our drafters are exported for vLLM first
+(`fasteagle.eagle3_format`): an EAGLE-3-style one to the EAGLE-3 format, a cascade to the checkpoint our
+vLLM plugin loads (`fasteagle.vllm_cascade`); an EAGLE-3 checkpoint is read by both as it is.
 """
 
 from __future__ import annotations
@@ -20,19 +21,36 @@ from tqdm import tqdm
 
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, run
+from fasteagle.vllm_engine import CASCADES, METHODS
 
-METHODS = ("vanilla", "eagle3", "ngram")  # what both engines run without a plugin; ngram: vLLM's only
 
 
-def vllm_drafter(path: Path, target, out: Path) -> Path:
-    """The EAGLE-3 checkpoint vLLM loads for the eagle3 drafter at `path`: itself if it is one, else ours
-    exported into `out`."""
+def vllm_drafter(path: Path, target, out: Path, kind: str = "eagle3", full_vocab: bool = False) -> Path:
+    """The checkpoint vLLM loads for the drafter at `path`: an EAGLE-3 checkpoint as it is, else ours
+    exported into `out` (a cascade for the plugin, over the draft vocab our engine drafts with on a CPU
+    unless `full_vocab`: `Settings.wants_full_vocab`)."""
     from fasteagle import eagle3_format
     from fasteagle.methods import load_drafter
 
     if eagle3_format.is_checkpoint(path):
         return path
-    return eagle3_format.export(load_drafter(path, target.model, int8=False, kind="eagle3"), out, target.name)
+    drafter = load_drafter(path, target.model, int8=False, kind=kind)
+    if kind == "fasteagle" and not full_vocab and drafter.compact_vocab is not None:
+        drafter.shrink_vocab()
+    return eagle3_format.export(drafter, out, target.name)
+
+
+def vllm_drafters(target, settings, methods: list[str], folder: Path) -> dict[str, Path]:
+    """Each drafting method's checkpoint for vLLM (on this CPU), exported into `folder`."""
+    full = settings.wants_full_vocab(torch.device("cpu"))
+    return {m: vllm_drafter(settings.drafter_dir(m), target, folder / m,
+                            "fasteagle" if m in CASCADES else "eagle3", full)
+            for m in methods if m in ("eagle3", *CASCADES)}
+
+
+def vllm_method(method: str) -> str:
+    """vLLM's name for one of METHODS (`fasteagle.vllm_engine.speculative_config`)."""
+    return "fasteagle" if method in CASCADES else method
 
 
 def chain_rates(traces_per_prompt: list[list], k: int) -> dict:
@@ -75,7 +93,7 @@ def run_vllm(target_name, method: str, drafter: Path | None, prompts: list[list[
     at each batch size."""
     from fasteagle import vllm_engine as ve
 
-    llm = ve.engine(target_name, method, drafter, k)
+    llm = ve.engine(target_name, vllm_method(method), drafter, k)
     try:
         ve.generate(llm, prompts[:1], 8)  # warm-up
         before = ve.counters(llm)
@@ -106,11 +124,9 @@ def compare_engines(target, settings, methods: list[str], texts: list[str], k: i
     lists = [p.tolist() for p in prompts]
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        drafter = vllm_drafter(settings.drafter_dir("eagle3"), target, Path(tmp) / "eagle3") \
-            if "eagle3" in methods else None
+        drafters = vllm_drafters(target, settings, methods, Path(tmp))
         for m in methods:
-            rows[m] = {"vllm": run_vllm(target_name, m, drafter if m == "eagle3" else None, lists, k, max_new,
-                                        batch_sizes)}
+            rows[m] = {"vllm": run_vllm(target_name, m, drafters.get(m), lists, k, max_new, batch_sizes)}
             if m != "ngram":  # vLLM's n-gram proposer has no twin here (our lookup drafts trees)
                 rows[m]["ours"] = run_ours(target, m, settings, prompts, k, max_new)
     reference = rows["vanilla"]["vllm"]["replies"]
@@ -118,7 +134,7 @@ def compare_engines(target, settings, methods: list[str], texts: list[str], k: i
         for r in engines.values():
             r["identical"] = sum(a == b for a, b in zip(r.pop("replies"), reference))
     return {"k": k, "max_new_tokens": max_new, "prompts": len(texts), "batch_sizes": batch_sizes, "methods": rows,
-            "eagle3_drafter": _shown(settings.drafter_dir("eagle3")) if "eagle3" in methods else None}
+            "drafters": {m: _shown(settings.drafter_dir(m)) for m in methods if m in ("eagle3", *CASCADES)}}
 
 
 def _shown(path: Path) -> str:
@@ -132,11 +148,11 @@ def _shown(path: Path) -> str:
 def markdown(result: dict) -> str:
     """The comparison as a Markdown table, one row per method and engine."""
     sizes = result["batch_sizes"]
-    drafter = result.get("eagle3_drafter")
+    drafters = result.get("drafters") or ({"eagle3": result["eagle3_drafter"]} if result.get("eagle3_drafter") else {})
     title = (f"**{result.get('device', '')}**, vLLM {result.get('vllm', '')} (its worker on one thread) against "
              f"ours on one thread, target `{result.get('target', '')}`, {result['prompts']} prompts of "
              f"{result.get('prompt_files', '')}, {result['max_new_tokens']} new tokens, greedy, fp32, chains of "
-             f"{result['k']} drafted tokens" + (f"; eagle3 drafter `{drafter}`" if drafter else "") + "\n\n")
+             f"{result['k']} drafted tokens" + "".join(f"; {m} drafter `{d}`" for m, d in drafters.items()) + "\n\n")
     head = ["method", "engine", "identical", "tau", "acceptance per position",
             *[f"tokens/s at batch {b}" for b in sizes]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -1,0 +1,145 @@
+"""FastEagle's cascade as a vLLM draft model, run by vLLM's EAGLE-3 path in parallel-drafting mode.
+
+With `parallel_drafting` on, vLLM (0.32) drafts k tokens in ONE drafter forward: per request it
+feeds [accepted rows | bonus row | k-1 mask rows] (`v1/spec_decode/llm_base_proposer.py`) and
+samples the last k rows. A cascade needs only the bonus row: its N layers run in series over
+every row, and the j-th mask row after a bonus row answers with layer j+1's output AT that bonus
+row. So one forward yields depths 1..k, as in our own engine's chain.
+
+    row r:  (hidden g_r, token x_{r+1})  ->  h_1 = L1(fc(g_r) + embed_fc(embed(x_{r+1})))  h_i = L_i(h_{i-1})
+    out[r] = norm_d(h_d[anchor(r)])      d = 1 for a real row, j+1 for the j-th mask row after anchor(r)
+
+Mask rows are the ones vLLM fills with the mask token and `combine_hidden_states(mask_hidden)`,
+which is exactly zero here (mask_hidden is zeros and `fc` has no bias): a real row never is.
+
+vLLM imports this module only through `fasteagle.vllm_plugin`; `python -m fasteagle export` writes
+the checkpoint it loads (`fasteagle.eagle3_format.export`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.models.llama import LlamaDecoderLayer
+from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+from vllm.model_executor.models.utils import (
+    AutoWeightsLoader,
+    WeightsMapper,
+    get_draft_quant_config,
+    maybe_prefix,
+    process_eagle_weight,
+)
+
+
+class CascadeLayer(LlamaDecoderLayer):
+    """A stock vLLM Llama layer that takes the drafter's quantization, not the target's."""
+
+    def get_quant_config(self, vllm_config: VllmConfig):
+        return get_draft_quant_config(vllm_config)
+
+
+class CascadeModel(nn.Module):
+    """fc + embed_fc, N layers in series, one final norm per depth (and `proj` when narrower than the target)."""
+
+    stacked = WeightsMapper(orig_to_new_stacked={
+        ".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
+        ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)})
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str, start_layer_id: int):
+        super().__init__()
+        cfg = vllm_config.speculative_config.draft_model_config.hf_config
+        quant = get_draft_quant_config(vllm_config)
+        width, target = cfg.hidden_size, cfg.target_hidden_size
+        n_aux = len((getattr(cfg, "eagle_config", None) or {})["eagle_aux_hidden_state_layer_ids"])
+        self.fc_input_size = n_aux * target
+        self.mask_token_id = cfg.mask_token_id
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, target, prefix=maybe_prefix(prefix, "embed_tokens"))
+        self.fc = ReplicatedLinear(self.fc_input_size, width, bias=False, quant_config=quant,
+                                   prefix=maybe_prefix(prefix, "fc"), return_bias=False)
+        self.embed_fc = ReplicatedLinear(target, width, bias=False, quant_config=quant,
+                                         prefix=maybe_prefix(prefix, "embed_fc"), return_bias=False)
+        self.layers = nn.ModuleList(
+            CascadeLayer(vllm_config, prefix=maybe_prefix(prefix, f"layers.{i + start_layer_id}"), config=cfg)
+            for i in range(cfg.num_hidden_layers))
+        self.norms = nn.ModuleList(RMSNorm(width, eps=cfg.rms_norm_eps) for _ in range(cfg.num_hidden_layers))
+        self.proj = None if width == target else ReplicatedLinear(
+            width, target, bias=False, quant_config=quant, prefix=maybe_prefix(prefix, "proj"), return_bias=False)
+        self.eps = cfg.rms_norm_eps
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        x, residual, outs = hidden_states + self.embed_fc(inputs_embeds), None, []  # = our fc(cat(g, embed))
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+            outs.append(x + residual)  # the layer's output (vLLM keeps the residual add for the next norm)
+        stack = torch.stack(outs)  # (N, T, W)
+        idx = torch.arange(stack.shape[1], device=stack.device)
+        is_mask = (hidden_states == 0).all(-1)
+        if input_ids is not None:
+            is_mask &= input_ids == self.mask_token_id
+        anchor = torch.cummax(torch.where(is_mask, 0, idx), 0).values  # the last real row at or before each row
+        depth = (idx - anchor).clamp(max=stack.shape[0] - 1)  # 0-based: 0 on real rows, j on the j-th mask row
+        h = stack[depth, anchor].float()  # (T, W)
+        weight = torch.stack([n.weight for n in self.norms])[depth].float()
+        z = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * weight).to(stack.dtype)
+        if self.proj is not None:
+            z = self.proj(z)
+        return z, z
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return AutoWeightsLoader(self).load_weights(weights, mapper=self.stacked)
+
+
+class FastEagleCascadeForCausalLMEagle3(Eagle3LlamaForCausalLM):
+    """What vLLM's EAGLE-3 proposer expects (its class, `combine_hidden_states`, `compute_logits` over the
+    draft vocab with d2t, `mask_hidden`), around the cascade."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        nn.Module.__init__(self)
+        spec = vllm_config.speculative_config
+        self.config = spec.draft_model_config.hf_config
+        if not spec.parallel_drafting:
+            raise ValueError("FastEagle's cascade drafts every depth in one forward: run it with "
+                             "speculative_config parallel_drafting=True")
+        self.model = CascadeModel(vllm_config, maybe_prefix(prefix, "model"),
+                                  vllm_config.model_config.get_total_num_hidden_layers())
+        draft_vocab = self.config.draft_vocab_size
+        self.lm_head = ParallelLMHead(draft_vocab, self.config.target_hidden_size,
+                                      quant_config=get_draft_quant_config(vllm_config),
+                                      prefix=maybe_prefix(prefix, "lm_head"))
+        self.logits_processor = LogitsProcessor(draft_vocab, scale=1.0)
+        self.draft_id_to_target_id = None if draft_vocab == vllm_config.model_config.get_vocab_size() else \
+            nn.Parameter(torch.zeros(draft_vocab, dtype=torch.long), requires_grad=False)
+        self.use_parallel_drafting = True
+        self.register_buffer("mask_hidden", torch.zeros(1, self.model.fc_input_size), persistent=False)
+
+    def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.model.fc(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        named = {}
+        for name, w in weights:
+            if name == "t2d":
+                continue
+            if name == "mask_hidden":
+                self.mask_hidden.copy_(w.view(1, -1))
+                continue
+            if name == "d2t" and self.draft_id_to_target_id is None:
+                continue  # a whole-vocabulary head: d2t is all zeros
+            name = "draft_id_to_target_id" if name == "d2t" else name if name.startswith("lm_head") else "model." + name
+            process_eagle_weight(self, name)  # an embedding of its own, or the target's shared
+            named[name] = w
+        # like vLLM's EAGLE-3 loader, no "every weight loaded" set: the shared embedding comes after loading
+        AutoWeightsLoader(self).load_weights(named.items())
