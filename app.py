@@ -31,7 +31,7 @@ import viz  # noqa: E402
 from fasteagle.app.engine import EQUAL_INFO, EQUAL_LABEL, MAX_NEW_TOKENS, Engine, Request  # noqa: E402
 from fasteagle.app.examples import EXAMPLES, ExampleCache, default_max_new  # noqa: E402
 from fasteagle.app.handlers import UI, Handlers  # noqa: E402
-from fasteagle.app.text import EXPLAINER, SHORT_EXPLAINER  # noqa: E402
+from fasteagle.app.text import BATCH_NOTE, EXPLAINER, SHORT_EXPLAINER, batch_chart  # noqa: E402
 from fasteagle.app.turns import Turns  # noqa: E402
 from fasteagle.env import env  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
@@ -155,7 +155,8 @@ def layout(engine: Engine) -> UI:
         download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
         upload = gr.UploadButton("Replay a trace file…", file_types=[".json"], type="filepath", elem_id="upload")
     with gr.Accordion("How it works (for students)", open=False):
-        gr.Markdown(EXPLAINER)
+        gr.Markdown(EXPLAINER + (BATCH_NOTE if (batches := batch_chart()) else ""))
+        gr.Plot(value=batches, show_label=False, elem_id="batch-plot", visible=batches is not None)
     return UI(**settings, **shown, **compare, summary=summary, hist_plot=hist_plot, depth_plot=depth_plot,
               time_plot=time_plot, download=download, upload=upload, present=present, present_state=present_state,
               run_state=run_state)

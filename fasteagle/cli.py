@@ -235,6 +235,21 @@ def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[in
     return sizes, depths, budgets
 
 
+def _bench_engines(args) -> int:
+    """`--engine vllm`: the flags and prompts checked, the target loaded, then `cli_vllm.bench`."""
+    from fasteagle.target import load_target
+    from fasteagle.vllm_engine import require_vllm
+
+    require_vllm()
+    sizes = int_list(args.batch_sizes, "--batch-sizes")
+    if args.out:
+        _check_out(args.out, charts=args.repeats is not None)
+    names, _, prompts = _bench_prompts(args)
+    target = load_target(args.target, "cpu", "fp32", pack=args.pack)
+    doc = _vllm().bench(args, target, method_settings(args), names, [p["text"] for p in prompts], sizes)
+    return _report(doc, args.out, charts=args.repeats is not None)
+
+
 def _bench_draft_step(args) -> int:
     from fasteagle import bench
 
@@ -401,7 +416,7 @@ BENCH_MODES = {
     "verify_cost": _bench_verify_cost,
     "profile_step": _bench_profile,
     "budget_curve": _bench_budget_curve,
-    "engine": lambda args: _vllm().bench(args) if args.engine == "vllm" else _bench_compare(args),
+    "engine": lambda args: _bench_engines(args) if args.engine == "vllm" else _bench_compare(args),
     "compare": _bench_compare,
 }
 
@@ -568,17 +583,7 @@ def _bench_parser(sub) -> None:
     b.add_argument("--redraw", default=None, metavar="FILES",
                    help="write the .md table (and a method comparison's .html charts) of these result JSON files "
                         "again, with this version's tables and charts; nothing is timed")
-    b.add_argument("--engine", choices=["ours", "vllm"], default=None,
-                   help="vllm: run --methods (vanilla, eagle3, fasteagle, fasteagle-equal, ngram) in vLLM and in ours "
-                        "on the same prompts, each drafting a chain of --tree-budget minus one tokens, vLLM's plain "
-                        "output the reference; with --repeats, in vLLM alone across --batch-sizes (needs "
-                        "requirements-vllm.txt)")
-    b.add_argument("--batch-sizes", dest="batch_sizes", default="1", help="with --engine vllm: vLLM's tokens/s at "
-                   "these batch sizes (the prompts repeated to fill a batch)")
-    b.add_argument("--repeats", type=int, default=None, help="with --engine vllm: the batch sweep in vLLM alone, "
-                   "every timing this many times, interleaved across methods (docs/serving.md)")
-    b.add_argument("--temperatures", default="0", help="with --repeats: greedy (0) and sampled temperatures, "
-                   "comma list (default 0)")
+    _vllm().add_bench_args(b)
     _add_target_args(b)
     _add_method_args(b)
     b.set_defaults(func=cmd_bench)

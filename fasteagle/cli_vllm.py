@@ -42,6 +42,23 @@ def add_parsers(sub) -> None:
     s.set_defaults(func=cmd_serve)
 
 
+def add_bench_args(b) -> None:
+    """`bench`'s vLLM flags."""
+    b.add_argument("--engine", choices=["ours", "vllm"], default=None,
+                   help="vllm: run --methods (vanilla, eagle3, fasteagle, fasteagle-equal, ngram) in vLLM and in ours "
+                        "on the same prompts, each drafting a chain of --tree-budget minus one tokens, vLLM's plain "
+                        "output the reference; with --repeats, in vLLM alone across --batch-sizes (needs "
+                        "requirements-vllm.txt)")
+    b.add_argument("--batch-sizes", dest="batch_sizes", default="1", help="with --engine vllm: vLLM's tokens/s at "
+                   "these batch sizes (the prompts repeated to fill a batch)")
+    b.add_argument("--repeats", type=int, default=None, help="with --engine vllm: the batch sweep in vLLM alone, "
+                   "every timing this many times, interleaved across methods (docs/serving.md)")
+    b.add_argument("--traces", default=None, metavar="DIR", help="with --engine vllm: vLLM's decode of each prompt "
+                   "by each drafting method as app trace files in DIR (Replay a trace file… in the app)")
+    b.add_argument("--temperatures", default="0", help="with --repeats: greedy (0) and sampled temperatures, "
+                   "comma list (default 0)")
+
+
 def cmd_export(args) -> int:
     from fasteagle import eagle3_format
     from fasteagle.bench.serving import vllm_drafter
@@ -104,47 +121,41 @@ def cmd_serve(args) -> int:
     return 0  # not reached
 
 
-def bench(args) -> int:
-    """`bench --engine vllm`: our engine against vLLM on the same prompts, each drafting a chain of k tokens;
-    with --repeats, every method in vLLM alone across --batch-sizes and --temperatures (`fasteagle.bench.batches`)."""
+def bench(args, target, settings, names: list[str], texts: list[str], sizes: list[int]) -> dict:
+    """`bench --engine vllm` (`cli` checks the flags and loads the target): our engine against vLLM on the
+    same prompts, each drafting a chain of k tokens; with --repeats, every method in vLLM alone across
+    --batch-sizes and --temperatures (`fasteagle.bench.batches`). The result document."""
     import datetime
 
     from fasteagle import bench as bench_mod
-    from fasteagle.cli import _bench_prompts, _check_out, _report, int_list, method_settings
-    from fasteagle.target import load_target
     from fasteagle.vllm_engine import require_vllm
 
     vllm = require_vllm()
     k = (args.tree_budget or 4) - 1  # a chain: the root and k drafted tokens
     if args.tree_k not in (None, "1") or k < 1:
         raise FastEagleError("--engine vllm drafts a chain: give --tree-k 1 (or none) and --tree-budget k+1 >= 2")
-    sizes = int_list(args.batch_sizes, "--batch-sizes")
     if args.repeats is not None and args.repeats < 1:
         raise FastEagleError("--repeats must be at least 1")
+    if args.repeats is not None and args.traces:
+        raise FastEagleError("--traces writes the comparison's batch-1 decodes: leave out --repeats")
     temps = _temperatures(args.temperatures)
-    if args.out:
-        _check_out(args.out, charts=args.repeats is not None)
-    names, _, prompts = _bench_prompts(args)
-    target = load_target(args.target, "cpu", "fp32", pack=args.pack)
-    texts = [p["text"] for p in prompts]
     about = {"vllm": vllm.__version__, "target": target.name, "device": bench_mod.device_name(target.device),
              "prompt_files": args.prompts, "date": datetime.date.today().isoformat()}
     if args.repeats is None:
         from fasteagle.bench.serving import compare_engines
 
-        doc = compare_engines(target, method_settings(args), names, texts, k, args.max_new_tokens, sizes, args.target)
-        return _report(doc | about | {"engines": ["ours", "vllm"]}, args.out)
+        doc = compare_engines(target, settings, names, texts, k, args.max_new_tokens, sizes, args.target, args.traces)
+        return doc | about | {"engines": ["ours", "vllm"]}
     from fasteagle.bench.batches import sweep
 
-    doc = sweep(target, method_settings(args), names, texts, k, args.max_new_tokens, sizes, temps, args.repeats,
-                args.target)
-    return _report(doc | about | {"engine": "vllm"}, args.out, charts=True)
+    doc = sweep(target, settings, names, texts, k, args.max_new_tokens, sizes, temps, args.repeats, args.target)
+    return doc | about | {"engine": "vllm"}
 
 
 def _temperatures(text: str) -> list[float]:
-    """--temperatures: a comma list of numbers >= 0, greedy (0) first."""
+    """--temperatures: a comma list of numbers >= 0; greedy (0) always runs, first (outputs are checked there)."""
     try:
-        temps = sorted({float(x) for x in str(text).split(",") if x.strip()})
+        temps = sorted({0.0} | {float(x) for x in str(text).split(",") if x.strip()})
     except ValueError:
         raise FastEagleError(f"--temperatures takes numbers separated by commas (got {text!r})") from None
     if not temps or temps[0] < 0:

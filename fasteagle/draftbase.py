@@ -51,6 +51,7 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-5
     max_positions: int = 8192
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
+    loss_targets: str = "soft"  # "soft": the teacher's top-k distribution; "hard": its top-1 token only
     depth: int = 7  # EAGLE-3 style only: unrolled training steps and draft tree depth
     draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)
@@ -446,7 +447,8 @@ class DrafterBase(nn.Module):
         Position t pairs feats[t] with token t+1; depth i there predicts token t+1+i, whose target
         distribution is the teacher's top-k at position t+i, counted only where loss_mask[t+1+i].
         The LM head runs only on the counted positions (prompts cost attention, not vocabulary).
-        Teacher tokens outside the draft vocab carry no loss; acc{i} counts them as misses.
+        Teacher tokens outside the draft vocab carry no loss; acc{i} counts them as misses. With
+        `loss_targets` "hard" the target is the teacher's top-1 token alone.
         """
         L = input_ids.shape[1]
         outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:])
@@ -461,6 +463,8 @@ class DrafterBase(nn.Module):
                 continue
             d_ids = self.to_draft_ids(teacher_ids[:, i:i + n][m])  # (M, K), -1 outside the vocab
             t_p = teacher_probs[:, i:i + n][m].float() * (d_ids >= 0)
+            if self.cfg.loss_targets == "hard":  # the teacher's top-1 token as a one-hot target
+                d_ids, t_p = d_ids[:, :1], (d_ids[:, :1] >= 0).float()
             t_p = t_p / t_p.sum(-1, keepdim=True).clamp_min(1e-9)
             if to_row is not None:  # draft indices -> rows of the candidate head
                 d_ids = torch.where(d_ids >= 0, to_row[d_ids.clamp_min(0)], d_ids)

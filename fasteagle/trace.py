@@ -152,6 +152,19 @@ SUMMARY_NUMBERS = ("tokens", "forwards", "tau", "wall_s", "tokens_per_s", "prefi
                    "other_ms")  # the numbers of `run_summary` a trace file's summary must hold
 
 
+FORMAT, VERSION = "fasteagle-trace", 1  # a run file's format: what the app downloads and replays (viz.trace_io)
+
+
+def make_run_file(meta: Mapping[str, Any], sides: Mapping[str, Mapping[str, Any]],
+                  token_labels: Mapping[int, str]) -> dict:
+    """A run file: `sides` {"speculative": {...}, "vanilla": {...}}, each with "traces" (StepTrace dicts),
+    "spans" (viz.tokens.spans_to_json; empty: the app rebuilds them), "summary" (`run_summary`) and
+    "elapsed" (cumulative seconds per step); `token_labels` token id -> its text."""
+    return {"format": FORMAT, "version": VERSION, "meta": dict(meta),
+            "sides": {k: dict(v) for k, v in sides.items()},
+            "token_labels": {str(k): v for k, v in token_labels.items()}}
+
+
 def run_summary(steps: Sequence[Step], decode_s: float | None = None) -> dict:
     """Totals of one decode. `decode_s`: measured wall time of the whole decode (prefill included);
     without it the sum of the per-step timings is used."""

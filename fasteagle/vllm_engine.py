@@ -94,36 +94,48 @@ def _drafter_depth(drafter: str | Path) -> int | None:
 
 
 def engine(target: str | None, method: str = "vanilla", drafter: str | Path | None = None, k: int = 3,
-           dtype: str = "float32", max_model_len: int = 2048, seed: int = 0):
+           dtype: str = "float32", max_model_len: int = 2048, seed: int = 0, detailed: bool = False):
     """A `vllm.LLM` for the target with `method`'s speculative decoding; fp32 and eager by default, so that
-    its greedy output can be held to ours token for token. Its statistics are on (`counters`)."""
+    its greedy output can be held to ours token for token. Its statistics are on (`counters`); `detailed`:
+    each request also keeps its accepted and drafted tokens per step (`steps_of`)."""
     vllm = require_vllm()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default takes far more
+    spec = speculative_config(method, drafter, k)
     return vllm.LLM(model=target_dir(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
-                    seed=seed, speculative_config=speculative_config(method, drafter, k),
-                    disable_log_stats=False)
+                    seed=seed, speculative_config=spec, disable_log_stats=False,
+                    per_request_spec_decode_metrics="detailed" if detailed and spec else "none")
 
 
-def generate(llm, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0) -> list[list[int]]:
-    """Each prompt's reply as token ids, the prompts batched as vLLM schedules them."""
+def generate_outputs(llm, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0) -> list:
+    """vLLM's `RequestOutput` of each prompt, the prompts batched as vLLM schedules them."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, ignore_eos=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+
+
+def generate(llm, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0) -> list[list[int]]:
+    """Each prompt's reply as token ids."""
+    return [list(o.outputs[0].token_ids) for o in generate_outputs(llm, prompts, max_new_tokens, temperature)]
 
 
 def generate_timed(llm, prompts: list[list[int]], max_new_tokens: int,
                    temperature: float = 0.0) -> tuple[list[list[int]], list[float]]:
     """`generate`, and each request's latency in seconds by vLLM's own clock (queued to last token)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+    outs = generate_outputs(llm, prompts, max_new_tokens, temperature)
+    return [list(o.outputs[0].token_ids) for o in outs], [latency(o) for o in outs]
 
-    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, ignore_eos=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-    return ([list(o.outputs[0].token_ids) for o in outs],
-            [o.metrics.last_token_ts - o.metrics.queued_ts for o in outs])
+
+def latency(out) -> float:
+    """A request's time in vLLM, queued to last token (its engine's own clock)."""
+    return out.metrics.last_token_ts - out.metrics.queued_ts
+
+
+def steps_of(out) -> tuple[list[int], list[int]]:
+    """A request's accepted and drafted tokens at each verify step (an engine made with `detailed`)."""
+    m = out.outputs[0].spec_decode_metrics
+    return (list(m.per_step_accepted), list(m.per_step_drafted)) if m is not None else ([], [])
 
 
 def counters(llm) -> dict:

@@ -92,6 +92,28 @@ def test_loss_uses_the_one_position_shift_and_the_mask(tiny):
     assert float(loss2) == pytest.approx(float(loss), rel=1e-6)
 
 
+def test_hard_targets_score_the_teachers_top_token_alone(tiny):
+    """loss_targets "hard": each depth's cross-entropy against the teacher's top-1 token, the rest ignored."""
+    d = make(tiny)
+    d.cfg.loss_targets = "hard"
+    B, L, K = 1, 10, 2
+    ids = torch.randint(4, TINY_VOCAB, (B, L))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    t_ids = torch.randint(4, TINY_VOCAB, (B, L, K))
+    t_p = torch.tensor([0.75, 0.25]).expand(B, L, K).clone()
+    mask = torch.zeros(B, L)
+    mask[0, 6] = 1
+    with torch.no_grad():
+        loss, stats = d.loss(f, ids, mask, t_ids, t_p)
+        outs = d.hidden(f[:, :-1], ids[:, 1:], torch.arange(L - 1)[None])
+    want = 0.0
+    for i in range(1, N + 1):
+        ce = -torch.log_softmax(d.head(outs[i - 1][0, 6 - 1 - i], i), -1)[t_ids[0, 5, 0]]
+        want += d.cfg.loss_decay ** (i - 1) * ce
+        assert stats[f"loss{i}"] == pytest.approx(float(ce), rel=1e-4)
+    assert float(loss) == pytest.approx(float(want), rel=1e-4)
+
+
 def test_recomputed_loss_gives_the_same_loss_and_gradients(tiny):
     """A big head's loss recomputes each depth's logits in the backward (memory, not math): same
     loss, same stats, same gradients as keeping them."""

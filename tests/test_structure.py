@@ -13,19 +13,19 @@ MAX_LINES = 80
 # Lower layers first; a module may import its own layer's and lower ones, never a higher one.
 LAYERS = [
     {"fasteagle", "fasteagle.env", "fasteagle.errors", "fasteagle.fields", "fasteagle.files", "fasteagle.trace",
-     "fasteagle.packing", "fasteagle.tree"},
+     "fasteagle.packing", "fasteagle.tree", "fasteagle.vllm_plugin", "fasteagle.vllm_cascade"},
     {"fasteagle.paths", "fasteagle.kvcache", "fasteagle.fused", "fasteagle.lookup"},
     {"fasteagle.target", "fasteagle.verify", "fasteagle.draftgraph", "fasteagle.draftbase"},
     {"fasteagle.drafter", "fasteagle.eagle3", "fasteagle.generate"},
-    {"fasteagle.hybrid", "fasteagle.eagle3_format", "fasteagle.vllm_engine"},
+    {"fasteagle.hybrid", "fasteagle.eagle3_format", "fasteagle.vllm_engine", "fasteagle.vllm_traces"},
     {"fasteagle.methods"},
     {"fasteagle.profile", "fasteagle.train", "fasteagle.train.teacher", "fasteagle.train.data"},
     {"fasteagle.train.tasks"},
     {"fasteagle.train.fast_replies"},
     {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench", "fasteagle.bench.prompts",
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
-     "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.cli_vllm"},
-    {"fasteagle.cli", "fasteagle.__main__", "fasteagle.train.recipe", "fasteagle.train.steps"},
+     "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.bench.batches"},
+    {"fasteagle.cli", "fasteagle.cli_vllm", "fasteagle.__main__", "fasteagle.train.recipe", "fasteagle.train.steps"},
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
     {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine"},
     {"fasteagle.app.text", "fasteagle.app.examples"},

@@ -618,3 +618,29 @@ def test_per_depth_acceptance_of_several_methods():
         rows = trace.depth_acceptance(traces)
         assert list(t.x) == [r["depth"] for r in rows] and list(t.y) == [r["rate"] for r in rows]
     assert fig.data[0].line.color != fig.data[1].line.color
+
+
+def test_speedup_by_batch_size_is_one_line_per_drafting_method():
+    def row(tps: float, tau: float | None = None) -> dict:
+        return {"tokens_per_s": tps} | ({"tau": tau} if tau else {})
+
+    doc = {"device": "CPU", "batches": {}}
+    for b, (van, fe) in {"1": (10.0, 15.0), "8": (80.0, 60.0)}.items():
+        r = {"vanilla": row(van), "fasteagle": row(fe, 1.7)}
+        for x in r.values():
+            x["speedup_vs_vanilla"] = x["tokens_per_s"] / van
+        doc["batches"][b] = {"methods": r}
+    fig = charts.batch_speedup_chart(doc)
+    assert [t.name for t in fig.data] == ["fasteagle"]  # vanilla is the dotted line at 1
+    assert list(fig.data[0].x) == [1, 8] and list(fig.data[0].y) == [1.5, 0.75]
+
+
+def test_the_app_draws_the_committed_batch_sweep():
+    import json
+
+    from fasteagle.app.text import BATCH_RESULT
+    from tests.test_repo import ROOT
+
+    doc = json.loads((ROOT / BATCH_RESULT).read_text())
+    fig = charts.batch_speedup_chart(doc)
+    assert {t.name for t in fig.data} == set(doc["batches"]["1"]["methods"]) - {"vanilla"}

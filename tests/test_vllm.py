@@ -28,10 +28,15 @@ PROMPTS, TOKENS, K = 8, 48, 3
 
 
 @pytest.fixture(scope="module")
-def engines(smollm):
+def traces(tmp_path_factory):
+    return tmp_path_factory.mktemp("vllm-traces")
+
+
+@pytest.fixture(scope="module")
+def engines(smollm, traces):
     texts = [p["text"] for p in load_prompts(ROOT / "assets" / "prompts" / "sharegpt_holdout.jsonl", PROMPTS)]
     return compare_engines(smollm, Settings(), ["vanilla", "eagle3", "fasteagle-equal"], texts, K, TOKENS, [1],
-                           None)["methods"]
+                           None, traces)["methods"]
 
 
 def test_both_engines_write_what_plain_decoding_writes(engines):
@@ -49,6 +54,28 @@ def test_vllm_accepts_what_ours_accepts_position_by_position(engines, method):
     for i, (a, b) in enumerate(zip(ours["per_position"], theirs["per_position"]), start=1):
         assert abs(a - b) <= 0.03, f"position {i}: ours {a:.3f}, vLLM {b:.3f}"
     assert ours["per_position"][0] > 0.1, "a trained drafter accepts; else the comparison says nothing"
+
+
+@pytest.mark.parametrize("method", ["eagle3", "fasteagle-equal"])
+def test_trace_files_hold_what_vllm_counted(engines, traces, method):
+    """`--traces`: each prompt's vLLM decode as an app trace file; over the files, the accepted drafts per
+    position and the replies are vLLM's own (its counters, its plain decoding)."""
+    import viz
+    from fasteagle import trace
+
+    files = sorted(traces.glob(f"{method}-*.json"))
+    assert len(files) == PROMPTS
+    runs = [viz.parse_run_file(f.read_text()) for f in files]
+    steps = [r["sides"]["speculative"]["traces"] for r in runs]
+    rows = [trace.depth_acceptance(s) for s in steps]
+    accepted = [sum(r[d]["accepted"] for r in rows if len(r) > d) for d in range(K)]
+    drafts = sum(1 for s in steps for step in s if step.get("tree"))
+    vllm = engines[method]["vllm"]
+    assert drafts == vllm["drafts"]
+    assert [a / drafts for a in accepted] == pytest.approx(vllm["per_position"])
+    same = [trace.reply_tokens(r["sides"]["speculative"]["traces"]) == trace.reply_tokens(
+        r["sides"]["vanilla"]["traces"]) for r in runs]
+    assert sum(same) == vllm["identical"]
 
 
 def test_a_vllm_release_the_code_was_not_written_for_is_refused(monkeypatch):
@@ -148,3 +175,30 @@ def test_vllm_writes_the_replies_our_engine_writes(smollm):
     a, b = dict(zip(theirs["ids"], theirs["input_ids"])), dict(zip(ours["ids"], ours["input_ids"]))
     greedy = [str(i) for i in distill_order([len(p) for p in prompts], 4, 0)[:4]]
     assert a.keys() == b.keys() and sum(a[k] == b[k] for k in greedy) >= 3
+
+
+def test_the_batch_sweep_keeps_every_method_per_batch_size(smollm, tmp_path):
+    """`bench --engine vllm --repeats R`: per batch size the usual per-method block (tokens/s as the median of R
+    runs, identical_to_vanilla over the batch's prompts, tau for drafters), KV bytes per token from the configs
+    (vLLM's own cache agrees: 2 GiB held 46,592 SmolLM2 tokens alone, 38,784 beside the 6-layer cascade), the
+    .md table and the chart."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, "-m", "fasteagle", "bench", "--engine", "vllm", "--repeats", "2", "--methods",
+           "vanilla,fasteagle-equal", "--prompts", "assets/prompts/sharegpt_holdout.jsonl", "--limit", "4",
+           "--tree-budget", "4", "--max-new-tokens", "12", "--batch-sizes", "1,2", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert list(doc["batches"]) == ["1", "2"] and doc["repeats"] == 2
+    for b, block in doc["batches"].items():
+        van, casc = block["methods"]["vanilla"], block["methods"]["fasteagle-equal"]
+        assert len(casc["tokens_per_s_runs"]) == 2 and casc["tokens_per_s"] > 0
+        assert casc["prompts"] == (4 if b == "1" else 2) and casc["identical_to_vanilla"] >= casc["prompts"] - 1
+        assert casc["tau"] >= 1.0 and len(casc["per_position"]) == 3
+        assert van["kv_bytes_per_token"] == {"target": 46080, "drafter": 0, "total": 46080}
+        assert casc["kv_bytes_per_token"]["drafter"] == 6 * 2 * 3 * 64 * 4  # 6 layers, 3 KV heads of 64, fp32
+    assert "fasteagle-equal" in out.with_suffix(".md").read_text() and out.with_suffix(".html").exists()

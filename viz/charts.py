@@ -90,3 +90,25 @@ def depth_acceptance_lines(runs: Mapping[str, Traces]) -> go.Figure:
     fig.update_xaxes(dtick=1)
     fig.update_layout(legend={"orientation": "h", "y": -0.3})
     return _layout(fig, "acceptance rate per depth, each method", "draft depth", "accepted / reached")
+
+
+def batch_speedup_chart(doc: Mapping) -> go.Figure:
+    """Speculative decoding inside vLLM as the batch grows, from a `bench --engine vllm --repeats` result:
+    each method's speedup over vLLM's plain decoding (greedy) against batch size, one line per method."""
+    fig = go.Figure()
+    sizes = [int(b) for b in doc["batches"]]
+    methods = [m for m in doc["batches"][str(sizes[0])]["methods"] if m != "vanilla"]
+    for k, m in enumerate(methods):
+        rows = [doc["batches"][str(b)]["methods"][m] for b in sizes]
+        fig.add_trace(go.Scatter(
+            x=sizes, y=[r["speedup_vs_vanilla"] for r in rows], mode="lines+markers", name=m,
+            line={"color": METHOD_COLORS[k % len(METHOD_COLORS)], "width": 2,
+                  "dash": METHOD_DASHES[k % len(METHOD_DASHES)]},
+            customdata=[[r["tokens_per_s"], r.get("tau", 1.0)] for r in rows],
+            hovertemplate=f"{m}, batch %{{x}}: %{{y:.2f}}x (%{{customdata[0]:.0f}} tokens/s, tau "
+                          "%{customdata[1]:.2f})<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    fig.update_xaxes(type="log", tickvals=sizes, ticktext=[str(b) for b in sizes], showgrid=False)
+    fig.update_layout(legend={"orientation": "h", "y": -0.35})
+    return _layout(fig, f"speedup over plain decoding in vLLM, by batch size ({doc.get('device', '')})",
+                   "requests decoded together (batch size)", "speedup vs vanilla")

@@ -8,24 +8,21 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fasteagle.trace import ACCEPTED, NEVER_REACHED, REJECTED, SUMMARY_NUMBERS
+from fasteagle.trace import (  # noqa: F401  (the file's format and writer live with the traces)
+    ACCEPTED,
+    FORMAT,
+    NEVER_REACHED,
+    REJECTED,
+    SUMMARY_NUMBERS,
+    VERSION,
+    make_run_file,
+)
 
-FORMAT = "fasteagle-trace"
-VERSION = 1
 MAX_BYTES = 50 * 2**20
 
 
 class TraceFileError(ValueError):
     """An uploaded trace file that cannot be replayed (the message says why, in one line)."""
-
-
-def make_run_file(meta: Mapping[str, Any], sides: Mapping[str, Mapping[str, Any]],
-                  token_labels: Mapping[int, str]) -> dict:
-    """`sides`: {"speculative": {...}, "vanilla": {...}}, each with "traces" (StepTrace dicts),
-    "spans" (viz.tokens.spans_to_json), "summary" (fasteagle.trace.run_summary)."""
-    return {"format": FORMAT, "version": VERSION, "meta": dict(meta),
-            "sides": {k: dict(v) for k, v in sides.items()},
-            "token_labels": {str(k): v for k, v in token_labels.items()}}
 
 
 MAX_TOKEN_ID = 2**31 - 1

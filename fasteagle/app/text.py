@@ -40,6 +40,26 @@ speed-up here is smaller than on a GPU.
 """
 
 
+# Below the explainer: speculative decoding inside a serving engine, the committed vLLM batch sweep.
+BATCH_RESULT = "bench/results/cpu-smollm2-135m-vllm-batches-2026-11-28.json"  # relative to the repository
+BATCH_NOTE = """
+**In a serving engine, as the batch grows.** A server decodes many requests together, and one forward over
+a batch costs little more than over one request only while the hardware has idle compute; a draft tree
+multiplies the tokens each request feeds, so once the batch fills the hardware, verifying guesses costs
+real time and speculation pays less, then nothing. Measured inside vLLM on a 2-core CPU (the repository's
+docs/serving.md has the command and the table):
+"""
+
+
+def batch_chart():
+    """The explainer's chart of the committed vLLM batch sweep (None where the checkout lacks the file)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / BATCH_RESULT
+    return viz.batch_speedup_chart(json.loads(path.read_text())) if path.is_file() else None
+
+
 # The short explainer beside the tree in presentation mode: how to read it, in the tree's colours.
 def _dot(color: str) -> str:
     return f'<span style="color:{color}">●</span>'

@@ -44,8 +44,10 @@ def sweep(target, settings, methods: list[str], texts: list[str], k: int, max_ne
                     for key, row in _one_engine(target_name, m, drafters.get(m), prompts, k, max_new, batch_sizes,
                                                 temperatures, keep_replies=r == 0, bar=bar):
                         runs.setdefault(key, []).append(row)
+    layers = {m: kv[m]["drafter"] // kv[m]["drafter_layer"] if kv[m]["drafter"] else 0 for m in methods}
     doc = {"k": k, "max_new_tokens": max_new, "prompts": len(texts), "batch_sizes": batch_sizes,
-           "temperatures": temperatures, "repeats": repeats, "single": SINGLE}
+           "temperatures": temperatures, "repeats": repeats, "single": SINGLE,
+           "gpu_8b": {"shape": GPU_8B, "methods": gpu_arithmetic(layers)}}
     for temp in temperatures:
         batches = {}
         for b in batch_sizes:
@@ -135,16 +137,34 @@ def kv_bytes_per_token(config, drafter: Path | None, dtype_bytes: int = 4) -> di
         return 2 * heads * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]) * dtype_bytes
 
     t = config.to_dict()
-    out = {"target": per_layer(t) * t["num_hidden_layers"], "drafter": 0}
+    out = {"target": per_layer(t) * t["num_hidden_layers"], "drafter": 0, "drafter_layer": 0}
     if drafter is not None:
         d = json.loads((Path(drafter) / "config.json").read_text())
-        out["drafter"] = per_layer(d) * d["num_hidden_layers"]
+        out |= {"drafter": per_layer(d) * d["num_hidden_layers"], "drafter_layer": per_layer(d)}
     return out | {"total": out["target"] + out["drafter"]}
+
+
+# The paper's serving shape: Llama-3.1-8B in bf16 (32 layers, 8 KV heads of 128) on an 80 GB GPU
+GPU_8B = {"layers": 32, "kv_heads": 8, "head_dim": 128, "bytes": 2, "weights_gb": 16.1, "memory_gb": 80}
 
 
 def binding_batch(kv_per_token: int, context: int, memory_gb: float, weights_gb: float) -> int:
     """The batch at which the KV cache fills a GPU: free memory over one request's KV (context tokens)."""
     return int((memory_gb - weights_gb) * 1e9 // (kv_per_token * context))
+
+
+def gpu_arithmetic(drafter_layers: dict[str, int], contexts: tuple[int, ...] = (2048, 8192)) -> dict:
+    """KV bytes per token of the 8B shape with each method's drafter layers (EAGLE-3: 1, the cascade: N), and
+    the batch at which the KV cache would fill the 80 GB GPU at each context length."""
+    g = GPU_8B
+    layer = 2 * g["kv_heads"] * g["head_dim"] * g["bytes"]
+    out = {}
+    for m, n in drafter_layers.items():
+        per_token = layer * (g["layers"] + n)
+        out[m] = {"kv_bytes_per_token": per_token,
+                  "binding_batch": {str(c): binding_batch(per_token, c, g["memory_gb"], g["weights_gb"])
+                                    for c in contexts}}
+    return out
 
 
 def crossover(batches: dict, method: str) -> int | None:
@@ -167,7 +187,7 @@ def markdown(doc: dict) -> str:
            f"`{doc.get('target', '')}`, fp32, {doc['prompts']} prompts of {doc.get('prompt_files', '')} (batch b: the "
            f"first b; batch 1: {doc['single']} one at a time), {doc['max_new_tokens']} new tokens, chains of "
            f"{doc['k']} drafted tokens, each timing the median of {doc['repeats']} interleaved runs (spread: max-min "
-           "over median)\n"]
+           "over median)"]
     for key in [k for k in doc if k.startswith("batches")]:
         batches = doc[key]
         methods = list(batches[str(sizes[0])]["methods"])
@@ -187,8 +207,19 @@ def markdown(doc: dict) -> str:
     first = doc["batches"][str(sizes[0])]["methods"]
     out += ["\nKV-cache bytes per token (fp32): " + ", ".join(
         f"{m} {r['kv_bytes_per_token']['total']:,} ({r['kv_bytes_per_token']['drafter']:,} drafter)"
-        for m, r in first.items()) + "\n"]
-    return "\n".join(out)
+        for m, r in first.items())]
+    if gpu := doc.get("gpu_8b"):
+        g = gpu["shape"]
+        ctx = list(next(iter(gpu["methods"].values()))["binding_batch"])
+        out += [f"\nBy arithmetic, the paper's shape (Llama-3.1-8B, bf16, {g['layers']} layers of {g['kv_heads']} KV "
+                f"heads of {g['head_dim']}; {g['weights_gb']} GB of weights on an {g['memory_gb']} GB GPU): KV bytes "
+                "per token and the batch at which the KV cache fills the GPU\n",
+                "| method | KV bytes per token | " + " | ".join(f"binds at batch, {c}-token contexts" for c in ctx)
+                + " |", "|---|---|" + "---|" * len(ctx)]
+        for m, r in gpu["methods"].items():
+            out.append(f"| {m} | {r['kv_bytes_per_token']:,} | "
+                       + " | ".join(str(r["binding_batch"][c]) for c in ctx) + " |")
+    return "\n".join(out) + "\n"
 
 
 def chart(doc: dict, path: str | Path) -> None:

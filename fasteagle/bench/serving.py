@@ -92,13 +92,15 @@ def run_vllm(target_name, method: str, drafter: Path | None, prompts: list[list[
     at each batch size."""
     from fasteagle import vllm_engine as ve
 
-    llm = ve.engine(target_name, vllm_method(method), drafter, k)
+    llm = ve.engine(target_name, vllm_method(method), drafter, k, detailed=True)
     try:
         ve.generate(llm, prompts[:1], 8)  # warm-up
         before = ve.counters(llm)
-        replies, t0 = [], time.perf_counter()
+        replies, requests, t0 = [], [], time.perf_counter()
         for p in tqdm(prompts, desc=f"vLLM {method}", leave=False):
-            replies += ve.generate(llm, [p], max_new)
+            out = ve.generate_outputs(llm, [p], max_new)[0]
+            replies.append(list(out.outputs[0].token_ids))
+            requests.append((replies[-1], *ve.steps_of(out), ve.latency(out)))
         speed = {"1": sum(map(len, replies)) / (time.perf_counter() - t0)}
         rates = ve.acceptance(ve.since(ve.counters(llm), before))
         for b in (b for b in batch_sizes if b > 1):
@@ -108,12 +110,13 @@ def run_vllm(target_name, method: str, drafter: Path | None, prompts: list[list[
             speed[str(b)] = n / (time.perf_counter() - t0)
     finally:
         ve.close(llm)
-    return {"replies": replies, "tokens_per_s": speed} | (rates if method != "vanilla" else {})
+    return {"replies": replies, "requests": requests, "tokens_per_s": speed} | (rates if method != "vanilla" else {})
 
 
 def compare_engines(target, settings, methods: list[str], texts: list[str], k: int, max_new: int,
-                    batch_sizes: list[int], target_name: str | None) -> dict:
-    """Both engines over `methods` (vanilla first, as the reference); replies compared with vLLM's vanilla."""
+                    batch_sizes: list[int], target_name: str | None, traces: Path | None = None) -> dict:
+    """Both engines over `methods` (vanilla first, as the reference); replies compared with vLLM's vanilla.
+    `traces`: a folder for vLLM's decode of each prompt by each drafting method, as app trace files."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise FastEagleError(f"--engine vllm runs {', '.join(METHODS)}, not {unknown[0]!r}")
@@ -128,12 +131,40 @@ def compare_engines(target, settings, methods: list[str], texts: list[str], k: i
             rows[m] = {"vllm": run_vllm(target_name, m, drafters.get(m), lists, k, max_new, batch_sizes)}
             if m != "ngram":  # vLLM's n-gram proposer has no twin here (our lookup drafts trees)
                 rows[m]["ours"] = run_ours(target, m, settings, prompts, k, max_new)
+    if traces is not None:
+        write_traces(target, rows, texts, k, max_new, Path(traces))
     reference = rows["vanilla"]["vllm"]["replies"]
     for engines in rows.values():
         for r in engines.values():
             r["identical"] = sum(a == b for a, b in zip(r.pop("replies"), reference))
+            r.pop("requests", None)
     return {"k": k, "max_new_tokens": max_new, "prompts": len(texts), "batch_sizes": batch_sizes, "methods": rows,
             "drafters": {m: _shown(settings.drafter_dir(m)) for m in methods if m in ("eagle3", *CASCADES)}}
+
+
+def write_traces(target, rows: dict, texts: list[str], k: int, max_new: int, folder: Path) -> None:
+    """One app trace file per prompt and drafting method of vLLM's (`fasteagle.vllm_traces`):
+    FOLDER/<method>-<prompt index>.json, beside vLLM's plain decoding of the same prompt."""
+    import json
+
+    import vllm
+
+    from fasteagle.files import write_text
+    from fasteagle.vllm_traces import run_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vanilla = rows["vanilla"]["vllm"]["requests"]
+    meta = {"target": target.name, "device": "cpu", "dtype": "float32", "vocab_size": target.model.config.vocab_size,
+            "max_new_tokens": max_new, "vllm": vllm.__version__}
+    def label(i: int) -> str:
+        return target.tokenizer.decode([i], skip_special_tokens=False)
+
+    for m, engines in rows.items():
+        if m == "vanilla":
+            continue
+        for i, (text, spec, van) in enumerate(zip(texts, engines["vllm"]["requests"], vanilla)):
+            request = {"prompt": text, "vanilla": (van[0], van[3]), "spec": spec}
+            write_text(folder / f"{m}-{i:03d}.json", json.dumps(run_file(request, m, k, label, meta)))
 
 
 def _shown(path: Path) -> str:

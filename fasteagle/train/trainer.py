@@ -77,7 +77,8 @@ class TrainConfig:
     depth: int = 7  # unrolled training steps = draft tree depth (eagle3)
     layout: str = "eagle3"  # eagle3: EAGLE-3's own network, exportable to its format; "proj": ours before it
     intermediate: int = 768
-    loss_decay: float = 0.8
+    loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
+    loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
     topk: int = 16
     draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens; with init_from,
     # a number above its draft vocab grows it (the vocabulary size or more: all of it)
@@ -148,7 +149,7 @@ _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") f
            | {n: (0, "above 0") for n in _ABOVE_0})
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
 _CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"), "layout": ("eagle3", "proj"),
-            "distill_engine": ("ours", "vllm"),
+            "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"),
             "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
 
 
@@ -263,7 +264,8 @@ def start(cfg: TrainConfig, target=None) -> Run:
     if cfg.topk > vocab_size:
         raise FastEagleError(f"topk must be at most the target's vocabulary ({vocab_size} tokens), not {cfg.topk}")
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
-                                    loss_decay=cfg.loss_decay,  # a draft vocab of them all is the whole one: 0
+                                    loss_decay=cfg.loss_decay, loss_targets=cfg.loss_targets,
+                                    # a draft vocab of them all is the whole one: 0
                                     draft_vocab=cfg.draft_vocab if cfg.draft_vocab < vocab_size else 0)
     drafter_cls = CascadedDrafter
     if cfg.drafter == "eagle3":
