@@ -199,6 +199,6 @@ def test_the_batch_sweep_keeps_every_method_per_batch_size(smollm, tmp_path):
         assert len(casc["tokens_per_s_runs"]) == 2 and casc["tokens_per_s"] > 0
         assert casc["prompts"] == (4 if b == "1" else 2) and casc["identical_to_vanilla"] >= casc["prompts"] - 1
         assert casc["tau"] >= 1.0 and len(casc["per_position"]) == 3
-        assert van["kv_bytes_per_token"] == {"target": 46080, "drafter": 0, "total": 46080}
+        assert van["kv_bytes_per_token"]["total"] == 46080 and van["kv_bytes_per_token"]["drafter"] == 0
         assert casc["kv_bytes_per_token"]["drafter"] == 6 * 2 * 3 * 64 * 4  # 6 layers, 3 KV heads of 64, fp32
     assert "fasteagle-equal" in out.with_suffix(".md").read_text() and out.with_suffix(".html").exists()
