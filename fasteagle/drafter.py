@@ -4,6 +4,11 @@
     h_1   = L1(FC(concat(g_t, embed(x_{t+1}))))        h_i = L_i(h_{i-1})
     p_i   = softmax(lm_head(norm_i(h_i)))   ->  the token at position t+1+i
 
+With `token_conditioned`, layer i+1 also reads the token depth i drafts (its top-1, known within the
+same forward): h_{i+1} = L_{i+1}(h_i + T_i(embed(argmax p_i))), T_i a linear map that starts at zero,
+so a plain cascade grows into one without changing its function. It trains on its own top-1, as
+EAGLE-3's training-time test feeds its own drafts; side branches of the tree are not conditioned.
+
 One forward yields every depth's distribution (an EAGLE-style drafter needs one forward per
 depth). Each layer is a stock `LlamaDecoderLayer` attending causally over the accepted prefix with
 its own KV cache; the embedding and LM head are the target's own, frozen, and not saved here
@@ -35,6 +40,11 @@ class CascadedDrafter(DrafterBase):
         self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden + cfg.target_hidden, cfg.width, bias=False)
         self._add_decoder()
         self.apply(self._init)
+        if cfg.token_conditioned:  # zero at the start: the plain cascade's function (docstring above)
+            self.tok_fc = nn.ModuleList(nn.Linear(cfg.target_hidden, cfg.width, bias=False)
+                                        for _ in range(cfg.num_layers - 1))
+            for lin in self.tok_fc:
+                nn.init.zeros_(lin.weight)
         # The tree keeps the budget's most probable paths whatever k is, so k only caps the choice; 32
         # accepts more than EAGLE's 10 at 60 nodes (docs/design.md), and small trees never reach k.
         self.tree_k = 32
@@ -74,10 +84,18 @@ class CascadedDrafter(DrafterBase):
         x = self.fc(torch.cat([feats, embed], -1))
         pe = self.rotary(x, position_ids)
         outs = []
-        for i in range(len(self.layers))[:layers]:
+        run = range(len(self.layers))[:layers]
+        for i in run:
             x = self.run_layer(i, x, position_ids, pe, mask, cache)
             outs.append(x)
+            if self.cfg.token_conditioned and i + 1 < len(run):
+                x = x + self.tok_fc[i](self.top_token_embedding(x, i + 1).to(x.dtype))
         return outs
+
+    def top_token_embedding(self, h: torch.Tensor, depth: int) -> torch.Tensor:
+        """The target's embedding of depth `depth`'s top-1 draft from that layer's output h (no gradient)."""
+        with torch.no_grad():
+            return self.embed(self.vocab_ids[self.head(h, depth).argmax(-1)])
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
         """Teacher-forced outputs for every depth over whole sequences: entry i-1 at position t

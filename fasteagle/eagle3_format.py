@@ -251,6 +251,9 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     from fasteagle.vllm_plugin import ARCHITECTURE
 
     cfg = drafter.cfg
+    if cfg.token_conditioned:
+        raise FastEagleError("a token-conditioned cascade has no vLLM form yet: its layers read the LM head's "
+                             "top-1 inside the forward, which the plugin's model does not compute")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     feats = len(cfg.feature_layers) * cfg.target_hidden

@@ -223,6 +223,45 @@ def test_a_small_tree_runs_only_the_layers_it_can_reach(tiny, budget):
     torch.testing.assert_close(trees[0].draft_probs, trees[1].draft_probs)  # a head product of fewer rows
 
 
+def test_a_token_conditioned_cascade_starts_as_the_plain_one_and_reads_each_depths_top_token(tiny, tmp_path):
+    """token_conditioned: layer i+1 reads h_i + T_i(embed(top-1 of depth i)); T_i starts at zero (the plain
+    cascade's function), and once trained the next layer's output follows depth i's drafted token."""
+    ids = torch.randint(4, TINY_VOCAB, (1, 14))
+    plain, cond = make(tiny), make(tiny, token_conditioned=True)
+    f = features(tiny, ids, plain.cfg.feature_layers)
+    pos = torch.arange(13)[None]
+    with torch.no_grad():
+        for a, b in zip(plain.hidden(f[:, :-1], ids[:, 1:], pos), cond.hidden(f[:, :-1], ids[:, 1:], pos)):
+            torch.testing.assert_close(a, b)
+        for lin in cond.tok_fc:
+            lin.weight.normal_(0, 0.5)
+        outs = cond.hidden(f[:, :-1], ids[:, 1:], pos)
+        x = outs[0] + cond.tok_fc[0](cond.embed(cond.vocab_ids[cond.head(outs[0], 1).argmax(-1)]))
+        y = cond.layers[1](x, position_ids=pos, position_embeddings=cond.rotary(x, pos))
+        torch.testing.assert_close(outs[1], y[0] if isinstance(y, tuple) else y, atol=1e-5, rtol=1e-4)
+    cond.train()
+    loss, _ = cond.loss(f, ids, torch.ones(1, 14), torch.randint(4, TINY_VOCAB, (1, 14, 2)),
+                        torch.tensor([0.75, 0.25]).expand(1, 14, 2).clone())
+    loss.backward()
+    assert all(lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0 for lin in cond.tok_fc)
+    cond.eval().save(tmp_path / "cond")
+    back = load_drafter(tmp_path / "cond", tiny.model)
+    assert back.cfg.token_conditioned and torch.allclose(back.tok_fc[0].weight, cond.tok_fc[0].weight, atol=1e-2)
+
+
+@pytest.mark.parametrize("k,budget", [(1, 5), (4, 20)])
+def test_a_token_conditioned_cascade_is_lossless(tiny, k, budget):
+    d = make(tiny, token_conditioned=True)
+    for lin in d.tok_fc:
+        torch.nn.init.normal_(lin.weight, 0, 0.5)
+    d.tree_k, d.tree_budget = k, budget
+    ids = torch.randint(4, TINY_VOCAB, (10,))
+    want, _ = run(tiny, ids, max_new_tokens=30)
+    assert run(tiny, ids, drafter=d, max_new_tokens=30)[0] == want
+    got, traces = run(tiny, ids, drafter=steer(d, want), max_new_tokens=30)
+    assert got == want and traces[-1].tau > 2.0
+
+
 def test_save_load_round_trip(tiny, tmp_path):
     d = make(tiny, draft_vocab=100)
     counts = torch.arange(TINY_VOCAB)

@@ -79,6 +79,7 @@ class TrainConfig:
     intermediate: int = 768
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
     loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
+    token_conditioned: bool = False  # fasteagle: each layer also reads the token the layer before drafted
     topk: int = 16
     draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens; with init_from,
     # a number above its draft vocab grows it (the vocabulary size or more: all of it)
@@ -265,6 +266,7 @@ def start(cfg: TrainConfig, target=None) -> Run:
         raise FastEagleError(f"topk must be at most the target's vocabulary ({vocab_size} tokens), not {cfg.topk}")
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
                                     loss_decay=cfg.loss_decay, loss_targets=cfg.loss_targets,
+                                    token_conditioned=cfg.token_conditioned and cfg.drafter == "fasteagle",
                                     # a draft vocab of them all is the whole one: 0
                                     draft_vocab=cfg.draft_vocab if cfg.draft_vocab < vocab_size else 0)
     drafter_cls = CascadedDrafter
