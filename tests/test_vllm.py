@@ -5,8 +5,9 @@ chain of 3 tokens. Both engines' outputs equal vLLM's plain decoding, and they a
 chain position.
 
 Skipped where vLLM is not installed (requirements-vllm.txt); CI installs it. The tolerance, measured: on 20
-held-out prompts of 64 tokens (bench/results/cpu-smollm2-135m-vllm-engines-2026-11-28.json) the engines'
-tau were 1.264 and 1.257 and their per-position rates within 0.005 (vLLM's CPU kernels sum in another
+held-out prompts of 64 tokens (bench/results/cpu-smollm2-135m-vllm-engines-2026-11-29.json) the engines'
+tau were within 2% (EAGLE-3 1.264 and 1.257, the equal cascade 1.304 and 1.299, the shipped one 1.788 and
+1.757) and their per-position rates within 0.012 (vLLM's CPU kernels sum in another
 order than ours, so a near-tie in the draft's argmax can fall the other way now and then); 0.03 per
 position and 3% on tau leave room for that and nothing more.
 """
