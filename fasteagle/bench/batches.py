@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from fasteagle.bench.serving import vllm_drafters, vllm_method
+from fasteagle.bench.serving import cycled, vllm_drafters
 from fasteagle.generate import chat_prompt_ids
 
 SINGLE = 4  # prompts decoded one at a time at batch 1
@@ -62,17 +62,19 @@ def sweep(target, settings, methods: list[str], texts: list[str], k: int, max_ne
 
 
 def _one_engine(target_name, method, drafter, prompts, k, max_new, batch_sizes, temperatures, keep_replies, bar):
-    """One engine for `method`: a warm-up, then each (temperature, batch size) timed once."""
+    """One engine for `method`: a warm-up, then each (temperature, batch size) timed once; with
+    `keep_replies`, the greedy replies too (`_compare_replies` holds them to vanilla's)."""
     import psutil
 
     from fasteagle import vllm_engine as ve
 
-    llm = ve.engine(target_name, vllm_method(method), drafter, k)
+    llm = ve.engine(target_name, method, drafter, k)
     try:
         ve.generate(llm, prompts[:1], 8)
         for temp in temperatures:
             for b in batch_sizes:
-                groups = [[p] for p in prompts[:SINGLE]] if b == 1 else [[prompts[i % len(prompts)] for i in range(b)]]
+                batch = batch_of(prompts, b)
+                groups = [[p] for p in batch] if b == 1 else [batch]
                 before, t0, replies, latencies = ve.counters(llm), time.perf_counter(), [], []
                 for group in groups:
                     out, lat = ve.generate_timed(llm, group, max_new, temp)
@@ -82,7 +84,7 @@ def _one_engine(target_name, method, drafter, prompts, k, max_new, batch_sizes, 
                 me = psutil.Process()
                 rss = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
                 row = {"tokens_per_s": sum(map(len, replies)) / seconds, "latency_s": statistics.mean(latencies),
-                       "rss_mb": rss / 2**20} | ({"replies": replies} if keep_replies else {})
+                       "rss_mb": rss / 2**20} | ({"replies": replies} if keep_replies and temp == 0 else {})
                 if method != "vanilla":
                     acc = ve.acceptance(ve.since(ve.counters(llm), before))
                     row |= {"tau": acc["tau"], "per_position": acc["per_position"]}
@@ -90,6 +92,11 @@ def _one_engine(target_name, method, drafter, prompts, k, max_new, batch_sizes, 
                 yield (temp, b, method), row
     finally:
         ve.close(llm)
+
+
+def batch_of(prompts: list[list[int]], b: int) -> list[list[int]]:
+    """The prompts of batch size b: at batch 1 the first `SINGLE` (decoded one at a time), else `cycled`."""
+    return prompts[:SINGLE] if b == 1 else cycled(prompts, b)
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -106,7 +113,7 @@ def _compare_replies(target, rows: dict, prompts: list[list[int]], b: int) -> No
     """Greedy: each method's replies against vanilla's at the same batch size; at every divergence the target's
     fp32 logit gap between the two tokens (ours, one forward over the common prefix)."""
     reference = rows["vanilla"].pop("replies")
-    batch = prompts[:SINGLE] if b == 1 else [prompts[i % len(prompts)] for i in range(b)]
+    batch = batch_of(prompts, b)
     for m, row in rows.items():
         replies = reference if m == "vanilla" else row.pop("replies")
         gaps = [logit_gap(target, p, a, r) for p, a, r in zip(batch, replies, reference) if a != r]
@@ -126,6 +133,11 @@ def logit_gap(target, prompt: list[int], a: list[int], b: list[int]) -> float | 
     return float((logits[a[i]] - logits[b[i]]).abs())
 
 
+def layer_kv_bytes(kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """One attention layer's KV-cache bytes per token: a key and a value per KV head."""
+    return 2 * kv_heads * head_dim * dtype_bytes
+
+
 def kv_bytes_per_token(config, drafter: Path | None, dtype_bytes: int = 4) -> dict:
     """KV-cache bytes one token holds: the target's layers, and a drafter's (EAGLE-3: its layers, usually one;
     the cascade: all N), from the configs. vLLM's own CPU cache sizes agree (2 GiB held 46,592 tokens of
@@ -134,7 +146,7 @@ def kv_bytes_per_token(config, drafter: Path | None, dtype_bytes: int = 4) -> di
 
     def per_layer(c) -> int:
         heads = c.get("num_key_value_heads") or c["num_attention_heads"]
-        return 2 * heads * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]) * dtype_bytes
+        return layer_kv_bytes(heads, c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], dtype_bytes)
 
     t = config.to_dict()
     out = {"target": per_layer(t) * t["num_hidden_layers"], "drafter": 0, "drafter_layer": 0}
@@ -157,7 +169,7 @@ def gpu_arithmetic(drafter_layers: dict[str, int], contexts: tuple[int, ...] = (
     """KV bytes per token of the 8B shape with each method's drafter layers (EAGLE-3: 1, the cascade: N), and
     the batch at which the KV cache would fill the 80 GB GPU at each context length."""
     g = GPU_8B
-    layer = 2 * g["kv_heads"] * g["head_dim"] * g["bytes"]
+    layer = layer_kv_bytes(g["kv_heads"], g["head_dim"], g["bytes"])
     out = {}
     for m, n in drafter_layers.items():
         per_token = layer * (g["layers"] + n)

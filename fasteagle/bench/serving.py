@@ -41,15 +41,16 @@ def vllm_drafter(path: Path, target, out: Path, kind: str = "eagle3", full_vocab
 
 def vllm_drafters(target, settings, methods: list[str], folder: Path) -> dict[str, Path]:
     """Each drafting method's checkpoint for vLLM (on this CPU), exported into `folder`."""
+    from fasteagle.methods import canonical
+
     full = settings.wants_full_vocab(torch.device("cpu"))
-    return {m: vllm_drafter(settings.drafter_dir(m), target, folder / m,
-                            "fasteagle" if m in CASCADES else "eagle3", full)
+    return {m: vllm_drafter(settings.drafter_dir(m), target, folder / m, canonical(m), full)
             for m in methods if m in ("eagle3", *CASCADES)}
 
 
-def vllm_method(method: str) -> str:
-    """vLLM's name for one of METHODS (`fasteagle.vllm_engine.speculative_config`)."""
-    return "fasteagle" if method in CASCADES else method
+def cycled(prompts: list, b: int) -> list:
+    """A batch of b prompts: the first b, the list repeated where it is shorter."""
+    return [prompts[i % len(prompts)] for i in range(b)]
 
 
 def chain_rates(traces_per_prompt: list[list], k: int) -> dict:
@@ -92,21 +93,20 @@ def run_vllm(target_name, method: str, drafter: Path | None, prompts: list[list[
     at each batch size."""
     from fasteagle import vllm_engine as ve
 
-    llm = ve.engine(target_name, vllm_method(method), drafter, k, detailed=True)
+    llm = ve.engine(target_name, method, drafter, k, detailed=True)
     try:
         ve.generate(llm, prompts[:1], 8)  # warm-up
         before = ve.counters(llm)
         replies, requests, t0 = [], [], time.perf_counter()
         for p in tqdm(prompts, desc=f"vLLM {method}", leave=False):
             out = ve.generate_outputs(llm, [p], max_new)[0]
-            replies.append(list(out.outputs[0].token_ids))
+            replies.append(ve.reply(out))
             requests.append((replies[-1], *ve.steps_of(out), ve.latency(out)))
         speed = {"1": sum(map(len, replies)) / (time.perf_counter() - t0)}
         rates = ve.acceptance(ve.since(ve.counters(llm), before))
         for b in (b for b in batch_sizes if b > 1):
-            batch = [prompts[i % len(prompts)] for i in range(b)]
             t0 = time.perf_counter()
-            n = sum(map(len, ve.generate(llm, batch, max_new)))
+            n = sum(map(len, ve.generate(llm, cycled(prompts, b), max_new)))
             speed[str(b)] = n / (time.perf_counter() - t0)
     finally:
         ve.close(llm)

@@ -49,11 +49,11 @@ def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_ne
             outs = llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i])) for i in chunk],
                                 [params(start + j) for j in range(len(chunk))], use_tqdm=False)
             for i, o in zip(chunk, outs):
-                reply = list(o.outputs[0].token_ids)
-                if len(reply) < 4:
+                out = ve.reply(o)
+                if len(out) < 4:
                     continue
-                data["input_ids"].append(list(prompts[i]) + reply)
-                data["loss_mask"].append([0] * len(prompts[i]) + [1] * len(reply))
+                data["input_ids"].append(list(prompts[i]) + out)
+                data["loss_mask"].append([0] * len(prompts[i]) + [1] * len(out))
                 data["prompt_ids"].append(list(prompts[i]))
                 data["ids"].append(str(i))
     finally:
