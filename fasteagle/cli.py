@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from fasteagle.cli_args import (  # noqa: F401  (make_drafter, method_settings: the commands' and tests' entry)
@@ -19,6 +20,8 @@ from fasteagle.cli_args import (  # noqa: F401  (make_drafter, method_settings: 
 )
 from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.methods import ALIASES, METHODS, PAPER_BUDGET
+
+STARTED = time.monotonic()  # a result's wall_s counts from here: loads included, as a rerun pays them
 
 
 def cmd_generate(args) -> int:
@@ -79,6 +82,7 @@ def _report(doc: dict, out: str | None, charts: bool = False) -> int:
     from fasteagle import bench, files
 
     doc["command"] = _command()
+    doc.setdefault("wall_s", round(time.monotonic() - STARTED, 1))
     table = bench.markdown_table(doc)
     print(table)
     if out:
@@ -114,6 +118,17 @@ def _bench_update_docs(args) -> int:
 
     for path in bench.update_docs(_names(args.update_docs)):
         print(f"updated {path.as_posix()}")
+    return 0
+
+
+def _bench_rerun(args) -> int:
+    from fasteagle.bench import rerun
+
+    found = rerun.stale(_names(args.rerun))
+    print(rerun.describe(found))
+    if not args.dry_run and found:
+        for path in rerun.rerun(found, list(DOCS)):
+            print(f"updated {path.as_posix()}")
     return 0
 
 
@@ -318,6 +333,7 @@ DOCS = ("README.md", "docs/results.md")  # the documents whose result tables `be
 
 # `bench`'s modes, one function each: the first whose flag is given runs (`compare` when none is).
 BENCH_MODES = {
+    "rerun": _bench_rerun,
     "update_docs": _bench_update_docs,
     "redraw": _bench_redraw,
     "draft_step": _bench_draft_step,
@@ -491,6 +507,11 @@ def _bench_parser(sub) -> None:
     b.add_argument("--redraw", default=None, metavar="FILES",
                    help="write the .md table (and a method comparison's .html charts) of these result JSON files "
                         "again, with this version's tables and charts; nothing is timed")
+    b.add_argument("--rerun", default=None, metavar="DRAFTERS",
+                   help="rerun every published CPU result that decodes with these drafters (methods such as "
+                        "fasteagle-equal, or folders; comma list) by the command it recorded, then --update-docs")
+    b.add_argument("--dry-run", dest="dry_run", action="store_true",
+                   help="with --rerun: list those results, their commands and minutes; run nothing")
     _vllm().add_bench_args(b)
     _add_target_args(b)
     _add_method_args(b)

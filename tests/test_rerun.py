@@ -1,0 +1,96 @@
+"""`bench --rerun`: which published results a changed drafter makes stale, how long they take, and the rerun."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fasteagle.bench import rerun
+from fasteagle.cli import main
+from fasteagle.errors import FastEagleError
+from fasteagle.methods import DEFAULT_DRAFTER, DEFAULT_EAGLE3, EQUAL_DRAFTER
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_command_names_the_drafters_its_methods_load():
+    cmd = "python -m fasteagle bench --methods vanilla,hf-prompt-lookup,eagle3,fasteagle-equal --out x.json"
+    assert rerun.drafters_of(cmd, REPO) == {DEFAULT_EAGLE3.resolve(), EQUAL_DRAFTER.resolve()}
+    assert rerun.drafters_of("python -m fasteagle bench --methods fasteagle+lookup", REPO) == {DEFAULT_DRAFTER.resolve()}
+    own = "python -m fasteagle bench --methods fasteagle --drafter runs/stage15 --budget-curve 6"
+    assert rerun.drafters_of(own, REPO) == {(REPO / "runs/stage15").resolve()}
+    vllm = "python -m fasteagle bench --engine vllm --methods=vanilla,ngram,fasteagle-equal --batch-sizes 1"
+    assert rerun.drafters_of(vllm, REPO) == {EQUAL_DRAFTER.resolve()}
+    for other in ("python -m fasteagle bench --draft-step smollm2-135m --depths 4,6,8",
+                  "python -m fasteagle.train.recipe assets/recipes/equal-training.json --report x.json"):
+        assert rerun.drafters_of(other, REPO) == set()
+
+
+def test_the_estimate_is_the_recorded_wall_time_else_tokens_over_rates():
+    assert rerun.estimate({"wall_s": 90.5, "methods": {}}) == (90.5, True)
+    doc = {"methods": {"vanilla": {"tokens": 200, "tokens_per_s": 20.0},
+                       "fasteagle": {"tokens": 200, "tokens_per_s": 40.0}},
+           "per_category": {"chat": {"vanilla": {"tokens": 200, "tokens_per_s": 20.0}}}}  # not counted twice
+    assert rerun.estimate(doc) == (10.0 + 5.0 + 2 * rerun.LOAD_S, False)
+    engines = {"prompts": 2, "max_new_tokens": 10, "methods": {"vanilla": {
+        "vllm": {"tokens_per_s": {"1": 10.0}}, "ours": {"tokens_per_s": {"1": 20.0}}}}}
+    assert rerun.estimate(engines) == (2.0 + 1.0 + 2 * rerun.LOAD_S, False)
+
+
+def _site(root: Path, results: dict[str, str], linked: list[str]) -> None:
+    """A repository with these result files (name -> command) and a docs page linking `linked`."""
+    (root / "bench" / "results").mkdir(parents=True)
+    (root / "docs").mkdir()
+    for name, command in results.items():
+        (root / "bench" / "results" / name).write_text(json.dumps({"command": command, "wall_s": 60.0, "prompts": 1,
+                                                                   "methods": {}}))
+    links = "\n".join(f"<!-- result: ../bench/results/{n} -->\nold\n<!-- /result -->" for n in linked)
+    (root / "docs" / "results.md").write_text(f"# Results\n\n{links}\n")
+    (root / "README.md").write_text("# x\n")
+
+
+def test_only_published_results_that_decode_with_the_changed_drafter_are_stale(tmp_path):
+    _site(tmp_path, {
+        "cpu-a.json": "python -m fasteagle bench --methods vanilla,fasteagle-equal --out bench/results/cpu-a.json",
+        "cpu-b.json": "python -m fasteagle bench --methods vanilla,eagle3 --out bench/results/cpu-b.json",
+        "cpu-unlinked.json": "python -m fasteagle bench --methods fasteagle-equal",
+        "gpu-h200-c.json": "python -m fasteagle bench --methods fasteagle-equal --device cuda",
+    }, linked=["cpu-a.json", "cpu-b.json", "gpu-h200-c.json"])
+    found = rerun.stale(["fasteagle-equal"], tmp_path)
+    assert [(s.path.name, s.drafters, s.gpu, s.seconds) for s in found] == [
+        ("cpu-a.json", ["fasteagle-equal"], False, 60.0), ("gpu-h200-c.json", ["fasteagle-equal"], True, 60.0)]
+    listing = rerun.describe(found)
+    assert "1 to rerun here, about 1 min" in listing and "GPU, not rerun here" in listing
+    assert [s.path.name for s in rerun.stale(["eagle3"], tmp_path)] == ["cpu-b.json"]
+    assert rerun.describe(rerun.stale([str(REPO / "assets/drafters/smollm2-135m-eagle3")], tmp_path)).count("\n") == 2
+    with pytest.raises(FastEagleError, match="neither a method"):
+        rerun.stale(["no-such-drafter"], tmp_path)
+    with pytest.raises(FastEagleError, match="loads no trained drafter"):
+        rerun.stale(["lookup"], tmp_path)
+
+
+def test_rerun_runs_each_recorded_command_then_redraws_the_docs(tmp_path):
+    """A cheap recorded command (a redraw, which names the cascade by its --methods) runs in the repository,
+    then the docs' block is drawn from the file it rewrote; a failing command stops with one line."""
+    doc = json.loads((REPO / "bench/results/cpu-smollm2-135m-chat30-2026-11-28.json").read_text())
+    cmd = "python -m fasteagle bench --methods fasteagle --redraw bench/results/cpu-a.json"
+    _site(tmp_path, {"cpu-a.json": cmd}, linked=["cpu-a.json"])
+    (tmp_path / "bench/results/cpu-a.json").write_text(json.dumps(doc | {"command": cmd}))
+    found = rerun.stale(["fasteagle"], tmp_path)
+    assert [s.path.name for s in found] == ["cpu-a.json"] and not found[0].recorded
+    assert rerun.rerun(found, ["README.md", "docs/results.md"], tmp_path)
+    assert (tmp_path / "bench/results/cpu-a.md").is_file()  # the recorded command ran
+    page = (tmp_path / "docs/results.md").read_text()
+    assert "old" not in page and "| fasteagle |" in page and f"made by `{cmd}`" in page
+    bad = "python -m fasteagle bench --methods fasteagle --redraw bench/results/missing.json"
+    (tmp_path / "bench/results/cpu-a.json").write_text(json.dumps(doc | {"command": bad}))
+    with pytest.raises(FastEagleError, match="rerunning bench/results/cpu-a.json failed"):
+        rerun.rerun(rerun.stale(["fasteagle"], tmp_path), ["docs/results.md"], tmp_path)
+
+
+def test_bench_rerun_dry_run_lists_and_runs_nothing(capsys):
+    assert main(["bench", "--rerun", "fasteagle-equal", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu-smollm2-135m-chat30-2026-11-28.json" in out and "to rerun here" in out
+    assert main(["bench", "--rerun", "nope", "--dry-run"]) == 2
+    assert "neither a method" in capsys.readouterr().err
