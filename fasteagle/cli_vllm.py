@@ -55,6 +55,10 @@ def add_bench_args(b) -> None:
                    "every timing this many times, interleaved across methods (docs/serving.md)")
     b.add_argument("--traces", default=None, metavar="DIR", help="with --engine vllm: vLLM's decode of each prompt "
                    "by each drafting method as app trace files in DIR (Replay a trace file… in the app)")
+    b.add_argument("--step-costs", dest="step_costs", default=None, metavar="SWEEP", help="with --engine vllm: "
+                   "time vLLM's own steps (the target's forward of 1..k+1 tokens per request, each drafter's at its "
+                   "shape) at the batch sizes of this sweep's result file, and each method's limit against its "
+                   "measured tokens/s (--repeats timings each, default 5)")
     b.add_argument("--temperatures", default="0", help="with --repeats: greedy (0) and sampled temperatures, "
                    "comma list (default 0)")
 
@@ -130,6 +134,10 @@ def bench(args, target, settings, names: list[str], texts: list[str], sizes: lis
     from fasteagle.vllm_engine import require_vllm
 
     vllm = require_vllm()
+    if args.step_costs:
+        from fasteagle.bench.vllm_costs import measure
+
+        return measure(args.step_costs, args.target, settings, args.repeats or 5) | {"vllm": vllm.__version__}
     k = (args.tree_budget or 4) - 1  # a chain: the root and k drafted tokens
     if args.tree_k not in (None, "1") or k < 1:
         raise FastEagleError("--engine vllm drafts a chain: give --tree-k 1 (or none) and --tree-budget k+1 >= 2")

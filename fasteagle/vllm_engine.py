@@ -96,16 +96,17 @@ def _drafter_depth(drafter: str | Path) -> int | None:
 
 
 def engine(target: str | None, method: str = "vanilla", drafter: str | Path | None = None, k: int = 3,
-           dtype: str = "float32", max_model_len: int = 2048, seed: int = 0, detailed: bool = False):
+           dtype: str = "float32", max_model_len: int = 2048, seed: int = 0, detailed: bool = False, **options):
     """A `vllm.LLM` for the target with `method`'s speculative decoding; fp32 and eager by default, so that
     its greedy output can be held to ours token for token. Its statistics are on (`counters`); `detailed`:
-    each request also keeps its accepted and drafted tokens per step (`steps_of`)."""
+    each request also keeps its accepted and drafted tokens per step (`steps_of`); `options` go to vLLM as
+    they are (prefix caching, no tokenizer: `fasteagle.bench.vllm_costs`)."""
     vllm = require_vllm()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default takes far more
     spec = speculative_config(method, drafter, k)
     return vllm.LLM(model=target_dir(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
                     seed=seed, speculative_config=spec, disable_log_stats=False,
-                    per_request_spec_decode_metrics="detailed" if detailed and spec else "none")
+                    per_request_spec_decode_metrics="detailed" if detailed and spec else "none", **options)
 
 
 def generate_outputs(llm, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0) -> list:

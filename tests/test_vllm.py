@@ -178,21 +178,29 @@ def test_vllm_writes_the_replies_our_engine_writes(smollm):
     assert a.keys() == b.keys() and sum(a[k] == b[k] for k in greedy) >= 3
 
 
-def test_the_batch_sweep_keeps_every_method_per_batch_size(smollm, tmp_path):
-    """`bench --engine vllm --repeats R`: per batch size the usual per-method block (tokens/s as the median of R
-    runs, identical_to_vanilla over the batch's prompts, tau for drafters), KV bytes per token from the configs
-    (vLLM's own cache agrees: 2 GiB held 46,592 SmolLM2 tokens alone, 38,784 beside the 6-layer cascade), the
-    .md table and the chart."""
-    import json
+@pytest.fixture(scope="module")
+def sweep(smollm, tmp_path_factory):
+    """`bench --engine vllm --repeats 2` on 4 prompts at batch 1 and 2: its result file."""
     import subprocess
     import sys
 
-    out = tmp_path / "sweep.json"
+    out = tmp_path_factory.mktemp("sweep") / "sweep.json"
     cmd = [sys.executable, "-m", "fasteagle", "bench", "--engine", "vllm", "--repeats", "2", "--methods",
            "vanilla,fasteagle-equal", "--prompts", "assets/prompts/sharegpt_holdout.jsonl", "--limit", "4",
            "--tree-budget", "4", "--max-new-tokens", "12", "--batch-sizes", "1,2", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_the_batch_sweep_keeps_every_method_per_batch_size(sweep):
+    """`bench --engine vllm --repeats R`: per batch size the usual per-method block (tokens/s as the median of R
+    runs, identical_to_vanilla over the batch's prompts, tau for drafters), KV bytes per token from the configs
+    (vLLM's own cache agrees: 2 GiB held 46,592 SmolLM2 tokens alone, 38,784 beside the 6-layer cascade), the
+    .md table and the chart."""
+    import json
+
+    out = sweep
     doc = json.loads(out.read_text())
     assert list(doc["batches"]) == ["1", "2"] and doc["repeats"] == 2
     for b, block in doc["batches"].items():
@@ -203,3 +211,31 @@ def test_the_batch_sweep_keeps_every_method_per_batch_size(smollm, tmp_path):
         assert van["kv_bytes_per_token"]["total"] == 46080 and van["kv_bytes_per_token"]["drafter"] == 0
         assert casc["kv_bytes_per_token"]["drafter"] == 6 * 2 * 3 * 64 * 4  # 6 layers, 3 KV heads of 64, fp32
     assert "fasteagle-equal" in out.with_suffix(".md").read_text() and out.with_suffix(".html").exists()
+
+
+def test_step_costs_time_vllm_and_set_each_method_against_its_limit(sweep):
+    """`bench --engine vllm --step-costs SWEEP`: vLLM's step at the sweep's batch sizes, the target's forward of
+    1..k+1 tokens per request and the drafter's (at its shape, an engine step's fixed cost taken off) of 1..2k,
+    and each method's limit b * tau / step against what the sweep measured."""
+    import json
+    import subprocess
+    import sys
+
+    from fasteagle.bench.vllm_costs import step_ms
+
+    out = sweep.with_name("costs.json")
+    cmd = [sys.executable, "-m", "fasteagle", "bench", "--engine", "vllm", "--step-costs", str(sweep), "--repeats",
+           "1", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc, measured = json.loads(out.read_text()), json.loads(sweep.read_text())
+    assert doc["kinds"] == {"fasteagle-equal": "fasteagle"} and doc["shapes"]["fasteagle-equal"]["num_layers"] == 6
+    for b in ("1", "2"):
+        assert doc["target"]["decode"][b] > 0 and list(doc["target"]["forward"][b]) == ["1", "2", "3", "4"]
+        assert list(doc["drafters"]["fasteagle-equal"]["forward"][b]) == [str(q) for q in range(1, 7)]
+        for m in ("vanilla", "fasteagle-equal"):
+            row, tau = doc["limits"][b][m], measured["batches"][b]["methods"][m].get("tau") or 1.0
+            ms = step_ms(m, doc["kinds"].get(m), int(b), 3, doc["target"], doc["drafters"])
+            assert row["limit_tokens_per_s"] == pytest.approx(int(b) * tau / ms * 1e3)
+            assert row["tokens_per_s"] == measured["batches"][b]["methods"][m]["tokens_per_s"]
+    assert "measured / limit" in out.with_suffix(".md").read_text()

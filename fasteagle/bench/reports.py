@@ -141,6 +141,10 @@ def result_document(target: Target, rows: dict, settings: dict) -> dict:
 def markdown_table(doc: dict) -> str:
     """One Markdown table per result document (what the docs show): a method comparison, a
     verify-cost sweep or a draft-step timing."""
+    if "limits" in doc and "drafters" in doc:
+        from fasteagle.bench.vllm_costs import markdown
+
+        return markdown(doc)
     if "engines" in doc:
         from fasteagle.bench.serving import markdown
 
