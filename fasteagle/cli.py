@@ -207,6 +207,7 @@ def _bench_prompts(args) -> tuple[list[str], list[str], list[dict]]:
         raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
     names = _names(args.methods)
     known = (*bench.HF_METHODS, *METHODS) if getattr(args, "engine", None) != "vllm" else ENGINE_METHODS
+    known = (*known, *dict(method_settings(args).named))  # --drafters' labels
     unknown = [m for m in names if m not in known and m not in ALIASES]  # aliases: recorded results cite them
     if unknown:
         raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
@@ -509,6 +510,9 @@ def _bench_parser(sub) -> None:
     b.add_argument("--redraw", default=None, metavar="FILES",
                    help="write the .md table (and a method comparison's .html charts) of these result JSON files "
                         "again, with this version's tables and charts; nothing is timed")
+    b.add_argument("--drafters", default=None, metavar="LABEL=FOLDER,...",
+                   help="more trained drafters to time side by side, each a method of its own label in --methods "
+                        "(e.g. --drafters flat=runs/x/at-600 --methods vanilla,fasteagle,flat)")
     b.add_argument("--rerun", default=None, metavar="DRAFTERS",
                    help="rerun every published CPU result that decodes with these drafters (methods such as "
                         "fasteagle-equal, or folders; comma list) by the command it recorded, then --update-docs")
@@ -548,7 +552,8 @@ def _drafter_dirs(args) -> set[Path]:
     the settings checks --tree-k and --tree-budget too."""
     names = [args.method] if getattr(args, "method", None) else _names(getattr(args, "methods", None) or "")
     settings = method_settings(args)
-    return {d for m in names if m in METHODS or m in ALIASES if (d := settings.drafter_dir(m)) is not None}
+    known = {*METHODS, *ALIASES, *dict(settings.named)}
+    return {d for m in names if m in known if (d := settings.drafter_dir(m)) is not None}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,7 +81,7 @@ def method_settings(args) -> Settings:
         drafter, eagle3 = drafter and resolve(drafter), eagle3 and resolve(eagle3)
         if drafter and not eagle3 and drafter_kind(drafter) == "eagle3":  # --drafter names an EAGLE-3 drafter
             drafter, eagle3 = None, drafter
-    return Settings(tree_budget=getattr(args, "tree_budget", None),
+    return Settings(named=named_drafters(getattr(args, "drafters", None)), tree_budget=getattr(args, "tree_budget", None),
                     tree_k=tuple(parse_tree_k(k)) if k is not None else None,
                     tree_shape=getattr(args, "tree_shape", None), full_vocab=getattr(args, "full_vocab", None),
                     draft_int8=getattr(args, "draft_int8", None), step_mode=getattr(args, "step_mode", None),
@@ -105,6 +105,25 @@ def int_list(text: str, flag: str, minimum: int = 1) -> list[int]:
     if small:
         raise FastEagleError(f"every {flag} value must be at least {minimum} (got {small[0]} in {text!r})")
     return values
+
+
+def named_drafters(text: str | None) -> tuple[tuple[str, Path], ...]:
+    """--drafters LABEL=FOLDER,...: trained drafters to time side by side as methods of their own labels (each
+    decoded as the kind of drafter its folder holds)."""
+    from fasteagle.methods import ALIASES, METHODS
+
+    out = []
+    for item in _names(text or ""):
+        label, _, folder = item.partition("=")
+        label, folder = label.strip(), folder.strip()
+        if not label or not folder:
+            raise FastEagleError(f"--drafters takes LABEL=FOLDER pairs separated by commas (got {item!r})")
+        if label in METHODS or label in ALIASES or label in dict(out):
+            raise FastEagleError(f"--drafters label {label!r} is already a method's name; choose another")
+        if not (Path(folder) / "config.json").is_file():
+            raise FastEagleError(f"--drafters {label}: no trained drafter in {folder} (no config.json)")
+        out.append((label, Path(folder)))
+    return tuple(out)
 
 
 def _names(text: str) -> list[str]:

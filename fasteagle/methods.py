@@ -51,6 +51,7 @@ class Settings:
     tree_on_device: bool | None = None  # fasteagle's fixed step builds its own tree (None: in a CUDA graph)
     drafter: Path | None = None  # the FastEagle drafter folder (None: DEFAULT_DRAFTER)
     eagle3_drafter: Path | None = None  # the EAGLE-3-style drafter folder (None: DEFAULT_EAGLE3)
+    named: tuple[tuple[str, Path], ...] = ()  # more methods, each a label for a drafter folder (`--drafters`)
 
     def __post_init__(self):
         from fasteagle.tree import TREE_SHAPES
@@ -113,7 +114,11 @@ def build(method: str, target, settings: Settings | None = None):
 
 
 def resolve(method: str, settings: Settings) -> tuple[str, Settings]:
-    """The method an alias stands for, with the alias's setting applied (a method is itself)."""
+    """The method an alias or a named drafter stands for, with its setting applied (a method is itself)."""
+    folder = dict(settings.named).get(method)
+    if folder is not None:  # a label for a trained drafter: decoded by the method of the kind it holds
+        kind = drafter_kind(folder)
+        return kind, replace(settings, named=()).with_drafter(kind, folder)
     if method in ALIASES:
         return ALIASES[method][0], replace(settings, **ALIASES[method][1])
     return canonical(method), settings

@@ -513,3 +513,35 @@ def test_a_bench_cut_short_keeps_the_prompts_it_finished(tiny, tmp_path, monkeyp
     doc = json.loads(out.read_text())
     assert "partial" not in doc and doc["methods"]["vanilla"]["prompts"] == 3
     assert not bench.markdown_table(doc).startswith("**Partial") and not list(tmp_path.glob("*.tmp"))
+
+
+def test_drafters_under_their_own_labels_run_side_by_side(tiny, tmp_path, monkeypatch, capsys):
+    """`--drafters a=DIR,b=DIR`: several trained drafters (variants of one kind, or of two) timed in one run, each
+    a method of its label, decoded as the kind its folder holds, named in the result by its folder; a bad pair, a
+    label taken by a method, or a folder with no drafter is refused in one line before anything loads."""
+    import fasteagle.target
+    from fasteagle.cli import main
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=2, intermediate=32)).save(tmp_path / "a")
+    e3 = AutoregressiveDrafter.config_for(DrafterConfig.for_target(tiny.model, tiny.name, intermediate=32), 3)
+    AutoregressiveDrafter(e3).save(tmp_path / "b")
+    monkeypatch.setattr(fasteagle.target, "load_target", lambda *a, **k: tiny)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[0]) + "\n")
+    out = tmp_path / "r.json"
+    named = f"wide={tmp_path / 'a'},e3var={tmp_path / 'b'}"
+    argv = ["bench", "--prompts", str(prompts), "--methods", "wide,e3var", "--drafters", named, "--max-new-tokens",
+            "6", "--tree-budget", "4", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert list(doc["methods"]) == ["vanilla", "wide", "e3var"]
+    assert all(doc["methods"][m]["identical_to_vanilla"] == 1 for m in ("wide", "e3var"))
+    assert doc["settings"]["drafters"]["wide"]["path"] == str(tmp_path / "a")
+    assert doc["settings"]["drafters"]["e3var"]["path"] == str(tmp_path / "b")
+    for bad, says in ((f"wide{tmp_path / 'a'}", "LABEL=FOLDER"), (f"eagle3={tmp_path / 'a'}", "already a method"),
+                      (f"x={tmp_path / 'none'}", "no trained drafter")):
+        capsys.readouterr()
+        assert main(["bench", "--prompts", str(prompts), "--methods", "x", "--drafters", bad]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1

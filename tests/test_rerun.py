@@ -19,6 +19,8 @@ def test_a_command_names_the_drafters_its_methods_load():
     assert rerun.drafters_of("python -m fasteagle bench --methods fasteagle+lookup", REPO) == {DEFAULT_DRAFTER.resolve()}
     own = "python -m fasteagle bench --methods fasteagle --drafter runs/stage15 --budget-curve 6"
     assert rerun.drafters_of(own, REPO) == {(REPO / "runs/stage15").resolve()}
+    named = "python -m fasteagle bench --methods vanilla,flat --drafters flat=assets/drafters/smollm2-135m-eagle3"
+    assert rerun.drafters_of(named, REPO) == {DEFAULT_EAGLE3.resolve()}
     vllm = "python -m fasteagle bench --engine vllm --methods=vanilla,ngram,fasteagle-equal --batch-sizes 1"
     assert rerun.drafters_of(vllm, REPO) == {EQUAL_DRAFTER.resolve()}
     for other in ("python -m fasteagle bench --draft-step smollm2-135m --depths 4,6,8",

@@ -56,10 +56,13 @@ def drafters_of(command: str, root: Path) -> set[Path]:
     flags = dict(_flags(argv))
     if argv[:3] != ["python", "-m", "fasteagle"] or "--methods" not in flags and "--method" not in flags:
         return set()  # a recipe, a draft step on random weights, the app's load test
-    s = Settings(drafter=_path(flags.get("--drafter"), root), eagle3_drafter=_path(flags.get("--eagle3-drafter"), root))
+    named = tuple((label, _path(folder, root)) for label, _, folder in
+                  (x.partition("=") for x in (flags.get("--drafters") or "").split(",") if "=" in x))
+    s = Settings(drafter=_path(flags.get("--drafter"), root), eagle3_drafter=_path(flags.get("--eagle3-drafter"), root),
+                 named=named)
     out = set()
     for m in (flags.get("--methods") or flags.get("--method")).split(","):
-        if m in REGISTRY or m in ALIASES:
+        if m in REGISTRY or m in ALIASES or m in dict(named):
             if (d := s.drafter_dir(m)) is not None:
                 out.add(Path(d).resolve())
     return out
