@@ -151,6 +151,8 @@ def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[in
     sizes = int_list(args.verify_cost, "--verify-cost") if args.verify_cost else None
     depths = int_list(args.depths, "--depths")
     budgets = int_list(args.budget_curve, "--budget-curve", minimum=2) if args.budget_curve else None
+    if getattr(args, "repeats", None) is not None and args.repeats < 1:
+        raise FastEagleError("--repeats must be at least 1")
     if args.draft_step and args.draft_step not in bench.SHAPES:
         raise FastEagleError(f"unknown --draft-step shape {args.draft_step!r}; choose one of {', '.join(bench.SHAPES)}")
     if args.out:
@@ -300,8 +302,9 @@ def _bench_compare(args) -> int:
     try:
         if args.tree == "auto":
             _tune_trees(target, methods, settings, prompt_files, args.limit)
-        rows = bench.compare(target, methods, prompts, args.max_new_tokens,
-                             SamplingParams(args.temperature, args.top_p), args.seed, on_prompt=keep_so_far)
+        sampling = SamplingParams(args.temperature, args.top_p)
+        rows = bench.compare(target, methods, prompts, args.max_new_tokens, sampling, args.seed,
+                             on_prompt=keep_so_far, repeats=args.repeats or 1)
     except KeyboardInterrupt:
         _say_what_was_kept(args.out, kept, done, len(prompts))
         return 130

@@ -81,7 +81,8 @@ def method_settings(args) -> Settings:
         drafter, eagle3 = drafter and resolve(drafter), eagle3 and resolve(eagle3)
         if drafter and not eagle3 and drafter_kind(drafter) == "eagle3":  # --drafter names an EAGLE-3 drafter
             drafter, eagle3 = None, drafter
-    return Settings(named=named_drafters(getattr(args, "drafters", None)), tree_budget=getattr(args, "tree_budget", None),
+    return Settings(named=named_drafters(getattr(args, "drafters", None)),
+                    tree_budget=getattr(args, "tree_budget", None),
                     tree_k=tuple(parse_tree_k(k)) if k is not None else None,
                     tree_shape=getattr(args, "tree_shape", None), full_vocab=getattr(args, "full_vocab", None),
                     draft_int8=getattr(args, "draft_int8", None), step_mode=getattr(args, "step_mode", None),

@@ -51,14 +51,18 @@ def add_bench_args(b) -> None:
                         "requirements-vllm.txt)")
     b.add_argument("--batch-sizes", dest="batch_sizes", default="1", help="with --engine vllm: vLLM's tokens/s at "
                    "these batch sizes (the prompts repeated to fill a batch)")
-    b.add_argument("--repeats", type=int, default=None, help="with --engine vllm: the batch sweep in vLLM alone, "
-                   "every timing this many times, interleaved across methods (docs/serving.md)")
+    b.add_argument("--repeats", type=int, default=None, help="each prompt decoded this many times by every method "
+                   "in turn, its median time kept, and the spread over the runs; with --engine vllm: the batch sweep "
+                   "in vLLM alone, every timing this many times, interleaved across methods (docs/serving.md)")
     b.add_argument("--traces", default=None, metavar="DIR", help="with --engine vllm: vLLM's decode of each prompt "
                    "by each drafting method as app trace files in DIR (Replay a trace file… in the app)")
     b.add_argument("--step-costs", dest="step_costs", default=None, metavar="SWEEP", help="with --engine vllm: "
                    "time vLLM's own steps (the target's forward of 1..k+1 tokens per request, each drafter's at its "
                    "shape) at the batch sizes of this sweep's result file, and each method's limit against its "
                    "measured tokens/s (--repeats timings each, default 5)")
+    b.add_argument("--distill-speed", dest="distill_speed", action="store_true", help="with --engine vllm and "
+                   "--prompts: the target's greedy replies to them made by our engine and by vLLM, in batches of the "
+                   "first --batch-sizes (default 32), timed, and how many are identical (self-distillation data)")
     b.add_argument("--temperatures", default="0", help="with --repeats: greedy (0) and sampled temperatures, "
                    "comma list (default 0)")
 

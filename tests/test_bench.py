@@ -545,3 +545,21 @@ def test_drafters_under_their_own_labels_run_side_by_side(tiny, tmp_path, monkey
         assert main(["bench", "--prompts", str(prompts), "--methods", "x", "--drafters", bad]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
+
+
+def test_repeats_time_each_prompt_several_times_in_turn_and_give_the_spread(tiny):
+    """`--repeats R`: every method decodes each prompt R times, methods in turn; a row keeps the median wall
+    time and every run's, the summary the pooled tokens/s of each run and their spread; the table says so."""
+    methods = {"vanilla": None, "lookup": LookupDrafter()}
+    rows = bench.compare(tiny, methods, PROMPTS[:2], max_new=6, repeats=3)
+    for rs in rows.values():
+        assert len(rs) == 2 and all(len(r["wall_s_runs"]) == 3 for r in rs)
+        assert all(r["wall_s"] == sorted(r["wall_s_runs"])[1] for r in rs)
+    doc = bench.result_document(tiny, rows, {"max_new_tokens": 6, "temperature": 0.0})
+    for m in doc["methods"].values():
+        runs = m["tokens_per_s_runs"]
+        assert len(runs) == 3 and m["spread"] == pytest.approx((max(runs) - min(runs)) / sorted(runs)[1], abs=1e-3)
+    assert doc["methods"]["lookup"]["identical_to_vanilla"] == 2
+    assert "Each prompt decoded 3 times by every method in turn" in bench.markdown_table(doc)
+    once = bench.result_document(tiny, bench.compare(tiny, methods, PROMPTS[:1], max_new=6), {"max_new_tokens": 6})
+    assert "spread" not in once["methods"]["vanilla"] and "decoded" not in bench.markdown_table(once)

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_a_command_names_the_drafters_its_methods_load():
     cmd = "python -m fasteagle bench --methods vanilla,hf-prompt-lookup,eagle3,fasteagle-equal --out x.json"
     assert rerun.drafters_of(cmd, REPO) == {DEFAULT_EAGLE3.resolve(), EQUAL_DRAFTER.resolve()}
-    assert rerun.drafters_of("python -m fasteagle bench --methods fasteagle+lookup", REPO) == {DEFAULT_DRAFTER.resolve()}
+    lookup = "python -m fasteagle bench --methods fasteagle+lookup"
+    assert rerun.drafters_of(lookup, REPO) == {DEFAULT_DRAFTER.resolve()}
     own = "python -m fasteagle bench --methods fasteagle --drafter runs/stage15 --budget-curve 6"
     assert rerun.drafters_of(own, REPO) == {(REPO / "runs/stage15").resolve()}
     named = "python -m fasteagle bench --methods vanilla,flat --drafters flat=assets/drafters/smollm2-135m-eagle3"

@@ -24,8 +24,8 @@ LAYERS = [
     {"fasteagle.train.fast_replies"},
     {"fasteagle.train.trainer", "fasteagle.train.vocab", "fasteagle.bench", "fasteagle.bench.prompts",
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
-     "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.bench.batches", "fasteagle.bench.rerun", "fasteagle.bench.vllm_costs",
-     "fasteagle.cli_args"},
+     "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.bench.batches", "fasteagle.bench.rerun",
+     "fasteagle.bench.vllm_costs", "fasteagle.bench.distill", "fasteagle.cli_args"},
     {"fasteagle.cli", "fasteagle.cli_vllm", "fasteagle.__main__", "fasteagle.train.recipe", "fasteagle.train.steps"},
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
     {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine"},

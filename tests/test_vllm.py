@@ -239,3 +239,25 @@ def test_step_costs_time_vllm_and_set_each_method_against_its_limit(sweep):
             assert row["limit_tokens_per_s"] == pytest.approx(int(b) * tau / ms * 1e3)
             assert row["tokens_per_s"] == measured["batches"][b]["methods"][m]["tokens_per_s"]
     assert "measured / limit" in out.with_suffix(".md").read_text()
+
+
+def test_distill_speed_times_both_engines_on_the_same_prompts(tmp_path):
+    """`bench --engine vllm --distill-speed`: the target's greedy replies by our `generate` batches and by vLLM,
+    each engine's replies, tokens and seconds (vLLM's start-up apart), and how many replies are identical."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "distill.json"
+    cmd = [sys.executable, "-m", "fasteagle", "bench", "--engine", "vllm", "--distill-speed", "--prompts",
+           "assets/prompts/sharegpt_holdout.jsonl", "--limit", "3", "--max-new-tokens", "16", "--batch-sizes", "2",
+           "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["prompts"] == 3 and doc["batch"] == 2 and doc["compared"] == 3 and doc["identical"] >= 2
+    for name, row in doc["engines"].items():
+        assert row["replies"] == 3 and 3 * 4 <= row["reply_tokens"] <= 3 * 16 and row["seconds"] > 0, name
+        assert row["replies_per_min"] == pytest.approx(row["replies"] / row["seconds"] * 60)
+    assert doc["engines"]["vllm"]["engine"].startswith("vllm 0.32") and doc["engines"]["vllm"]["load_s"] > 0
+    assert "replies/min" in out.with_suffix(".md").read_text()

@@ -29,6 +29,11 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
              "tokens_per_s": round(pooled[name], 2),
              "tokens_per_s_median": round(statistics.median(tps), 2),
              "tokens_per_s_p10_p90": [round(_quantile(tps, 0.1), 2), round(_quantile(tps, 0.9), 2)]}
+        if rs and all("wall_s_runs" in r for r in rs):  # --repeats: the pooled rate of each run, and their spread
+            runs = [sum(len(r["tokens"]) for r in rs) / sum(r["wall_s_runs"][j] for r in rs)
+                    for j in range(min(len(r["wall_s_runs"]) for r in rs))]
+            s["tokens_per_s_runs"] = [round(v, 2) for v in runs]
+            s["spread"] = round((max(runs) - min(runs)) / statistics.median(runs), 3)
         for ref in ("vanilla", "hf-generate"):
             if ref in pooled:  # pooled tokens/s over pooled tokens/s; the median of the per-prompt ratios too
                 key = f"speedup_vs_{ref.replace('-', '_')}"
@@ -141,6 +146,10 @@ def result_document(target: Target, rows: dict, settings: dict) -> dict:
 def markdown_table(doc: dict) -> str:
     """One Markdown table per result document (what the docs show): a method comparison, a
     verify-cost sweep or a draft-step timing."""
+    if doc.get("distill_speed"):
+        from fasteagle.bench.distill import markdown
+
+        return markdown(doc)
     if "limits" in doc and "drafters" in doc:
         from fasteagle.bench.vllm_costs import markdown
 
@@ -173,6 +182,11 @@ def markdown_table(doc: dict) -> str:
                 "| depth | FastEagle ms | EAGLE-3-style ms | EAGLE-3 / FastEagle |"
                 + (" FastEagle as a CUDA graph ms |\n|---|---|---|---|---|\n" if graph else "\n|---|---|---|---|\n")
                 + rows)
+    return _compare_table(doc)
+
+
+def _compare_table(doc: dict) -> str:
+    """A method comparison: the run's settings, one row per method, one per prompt category."""
     s = doc["settings"]
     cut = doc.get("partial")
     budget = s.get("tree_budget")
@@ -197,6 +211,13 @@ def markdown_table(doc: dict) -> str:
         lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} | "
                      f"{f('speedup_vs_hf_generate', '{:.2f}x')} | {f('tau')} | {f('draft_ms', '{:.1f}')} | "
                      f"{f('verify_ms', '{:.1f}')} | {ident} |" + f" {f('peak_mb', '{:.0f}')} |" * peak)
+    spreads = {n: m["spread"] for n, m in doc["methods"].items() if "spread" in m}
+    if spreads:
+        runs = len(next(m for m in doc["methods"].values() if "spread" in m)["tokens_per_s_runs"])
+        lines.append(f"\nEach prompt decoded {runs} times by every method in turn (tokens/s: the median run per "
+                     "prompt); "
+                     "spread of the pooled tokens/s over the runs (max - min over median): "
+                     + ", ".join(f"{n} {v:.0%}" for n, v in spreads.items()) + ".")
     if float(s.get("temperature") or 0) > 0:
         lines.append("\nSampling: each method draws its own sample, so outputs are not compared with vanilla's.")
     cats = doc.get("per_category") or {}

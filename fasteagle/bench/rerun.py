@@ -115,7 +115,8 @@ def estimate(doc: dict) -> tuple[float, bool]:
             rate = node.get("tokens_per_s")  # a number, or one per batch size (the engines comparison)
             rates = list(rate.values()) if isinstance(rate, dict) else [rate]
             if path and rates and all(isinstance(r, (int, float)) and r > 0 for r in rates):
-                tokens = node["tokens"] if isinstance(node.get("tokens"), int) else (node.get("prompts") or prompts) * new
+                count = node.get("tokens")
+                tokens = count if isinstance(count, int) else (node.get("prompts") or prompts) * new
                 seconds += sum(tokens / r for r in rates) * repeats
                 loaded.add(tuple(k for k in path if not k.isdigit() and k != "methods"))  # a method in an engine
                 return
@@ -147,7 +148,10 @@ def describe(found: list[Stale]) -> str:
     """The dry run's listing: one line per result, then the total time on this machine."""
     if not found:
         return "no published result decodes with that drafter"
-    lines = [f"{'GPU, not rerun here' if s.gpu else ('%.0f min' % (s.seconds / 60)) + ('' if s.recorded else ' (est.)'):>22}"
+    def when(s: Stale) -> str:
+        return "GPU, not rerun here" if s.gpu else f"{s.seconds / 60:.0f} min" + ("" if s.recorded else " (est.)")
+
+    lines = [f"{when(s):>22}"
              f"  {s.path}  [{', '.join(s.drafters)}]\n{'':>24}{s.command}" for s in found]
     total = sum(s.seconds for s in found if not s.gpu)
     return "\n".join(lines) + f"\n{len([s for s in found if not s.gpu])} to rerun here, about {total / 60:.0f} min"

@@ -77,11 +77,12 @@ def _peak_mb(dev: torch.device) -> float | None:
 
 def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 128,
             sampling: SamplingParams | None = None, seed: int = 0, warmup: int = 1,
-            on_prompt: Callable[[dict], None] | None = None) -> dict:
+            on_prompt: Callable[[dict], None] | None = None, repeats: int = 1) -> dict:
     """Run every method on every prompt, interleaved prompt by prompt. `methods`: name -> drafter
-    (None for vanilla and the hf-* methods). Returns the per-prompt rows by method. `on_prompt(rows)`
-    runs after each prompt (every method then has as many rows), so a run cut short by a time limit
-    can still keep what it measured."""
+    (None for vanilla and the hf-* methods). Returns the per-prompt rows by method. With `repeats`, each
+    prompt is decoded that many times by every method in turn, and its row keeps the first decode with
+    the median wall time (`wall_s_runs`: every run's). `on_prompt(rows)` runs after each prompt (every
+    method then has as many rows), so a run cut short by a time limit can still keep what it measured."""
     sampling = sampling or SamplingParams()
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     # Warm up on the longest prompt for the whole max_new, past any stop token: every decode path runs,
@@ -92,9 +93,14 @@ def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 1
     rows = {name: [] for name in methods}
     names = list(methods)
     for i, (p, ids) in enumerate(zip(tqdm(prompts, desc="bench", unit="prompt"), encoded)):
-        for name in names[i % len(names):] + names[:i % len(names)]:  # each method goes first in turn
-            r = time_one(target, ids, name, methods[name], max_new, sampling, seed)
-            rows[name].append(r | {"id": p["id"], "category": p["category"]})
+        runs = {name: [] for name in names}
+        for _ in range(repeats):
+            for name in names[i % len(names):] + names[:i % len(names)]:  # each method goes first in turn
+                runs[name].append(time_one(target, ids, name, methods[name], max_new, sampling, seed))
+        for name, rs in runs.items():
+            walls = [r["wall_s"] for r in rs]
+            extra = {"wall_s": statistics.median(walls), "wall_s_runs": walls} if repeats > 1 else {}
+            rows[name].append(rs[0] | extra | {"id": p["id"], "category": p["category"]})
         if on_prompt is not None:
             on_prompt(rows)
     return rows

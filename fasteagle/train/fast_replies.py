@@ -21,15 +21,17 @@ CHUNK = 256  # prompts handed to vLLM at a time: enough to keep its batch full, 
 
 def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256,
                  batch_size: int = 128, time_budget_s: float | None = None, sample_every: int = 4,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, timing: dict | None = None) -> dict:
     """The target's replies to `prompts` made by vLLM (fp32, as ours), as a token dataset that also says
-    which engine made it (`engine`)."""
+    which engine made it (`engine`); `timing`, if given, gets the engine's start-up and generation seconds."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from fasteagle import vllm_engine as ve
 
+    t0 = time.monotonic()
     llm = ve.engine(target, "vanilla", seed=seed)
+    load_s = time.monotonic() - t0
     stop = [t for t in {tokenizer.eos_token_id, *_eos_ids(llm)} if t is not None]
     order = distill_order([len(p) for p in prompts], batch_size, seed)
 
@@ -57,6 +59,8 @@ def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_ne
                 data["prompt_ids"].append(list(prompts[i]))
                 data["ids"].append(str(i))
     finally:
+        if timing is not None:
+            timing.update(load_s=load_s, generate_s=time.monotonic() - t0)
         ve.close(llm)
     return data | {"engine": f"vllm {ve.require_vllm().__version__}"}
 
