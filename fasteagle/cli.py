@@ -171,6 +171,8 @@ def _bench_engines(args) -> int:
         _check_out(args.out, charts=args.repeats is not None)
     if args.step_costs:  # vLLM alone, no prompts: our target is not loaded
         return _report(_vllm().bench(args, None, method_settings(args), [], [], sizes), args.out)
+    if args.distill_speed:  # the target alone writes the replies: no methods to check
+        args.methods = "vanilla"
     names, _, prompts = _bench_prompts(args)
     target = load_target(args.target, "cpu", "fp32", pack=args.pack)
     doc = _vllm().bench(args, target, method_settings(args), names, [p["text"] for p in prompts], sizes)

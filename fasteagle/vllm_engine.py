@@ -100,10 +100,10 @@ def engine(target: str | None, method: str = "vanilla", drafter: str | Path | No
     """A `vllm.LLM` for the target with `method`'s speculative decoding; fp32 and eager by default, so that
     its greedy output can be held to ours token for token. Its statistics are on (`counters`); `detailed`:
     each request also keeps its accepted and drafted tokens per step (`steps_of`); `options` go to vLLM as
-    they are (prefix caching, no tokenizer: `fasteagle.bench.vllm_costs`)."""
+    they are (prefix caching, no tokenizer, an n-gram config of its own: `fasteagle.bench.vllm_costs`)."""
     vllm = require_vllm()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default takes far more
-    spec = speculative_config(method, drafter, k)
+    spec = options.pop("speculative_config", None) or speculative_config(method, drafter, k)
     return vllm.LLM(model=target_dir(target), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
                     seed=seed, speculative_config=spec, disable_log_stats=False,
                     per_request_spec_decode_metrics="detailed" if detailed and spec else "none", **options)

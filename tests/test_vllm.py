@@ -214,9 +214,9 @@ def test_the_batch_sweep_keeps_every_method_per_batch_size(sweep):
 
 
 def test_step_costs_time_vllm_and_set_each_method_against_its_limit(sweep):
-    """`bench --engine vllm --step-costs SWEEP`: vLLM's step at the sweep's batch sizes, the target's forward of
-    1..k+1 tokens per request and the drafter's (at its shape, an engine step's fixed cost taken off) of 1..2k,
-    and each method's limit b * tau / step against what the sweep measured."""
+    """`bench --engine vllm --step-costs SWEEP`: vLLM's step at the sweep's batch sizes, verifying 1..k+1 tokens
+    per request (n-gram drafting at every step of a repeating prompt), the drafter's forward at its shape (an
+    empty model's step taken off), and each method's limit b * tau / step against what the sweep measured."""
     import json
     import subprocess
     import sys
@@ -230,9 +230,11 @@ def test_step_costs_time_vllm_and_set_each_method_against_its_limit(sweep):
     assert done.returncode == 0, done.stderr[-3000:]
     doc, measured = json.loads(out.read_text()), json.loads(sweep.read_text())
     assert doc["kinds"] == {"fasteagle-equal": "fasteagle"} and doc["shapes"]["fasteagle-equal"]["num_layers"] == 6
+    assert list(doc["target"]) == ["1", "2", "3", "4"] and list(doc["drafters"]["fasteagle-equal"]) == ["6"]
     for b in ("1", "2"):
-        assert doc["target"]["decode"][b] > 0 and list(doc["target"]["forward"][b]) == ["1", "2", "3", "4"]
-        assert list(doc["drafters"]["fasteagle-equal"]["forward"][b]) == [str(q) for q in range(1, 7)]
+        for q, row in doc["target"].items():  # the n-gram proposer drafted at every step of the repeating prompt
+            assert row[b]["ms"] > 0 and row[b]["query"] == pytest.approx(int(q), abs=0.2)
+        assert doc["drafters"]["fasteagle-equal"]["6"][b]["query"] == pytest.approx(6, abs=0.5)
         for m in ("vanilla", "fasteagle-equal"):
             row, tau = doc["limits"][b][m], measured["batches"][b]["methods"][m].get("tau") or 1.0
             ms = step_ms(m, doc["kinds"].get(m), int(b), 3, doc["target"], doc["drafters"])

@@ -2,15 +2,20 @@
 
 import pytest
 
-from fasteagle.bench.vllm_costs import limits, markdown, step_ms
+from fasteagle.bench.vllm_costs import draft_queries, limits, markdown, step_ms
 
-TARGET = {"decode": {"4": 50.0}, "forward": {"4": {"1": 50.0, "2": 52.0, "3": 55.0, "4": 60.0}}}
-DRAFTS = {"eagle3": {"forward": {"4": {str(q): 2.0 * q for q in range(1, 7)}}},
-          "fasteagle": {"forward": {"4": {str(q): 3.0 + q for q in range(1, 7)}}}}
+
+def _at4(ms: dict) -> dict:
+    return {str(q): {"4": {"ms": v, "query": q}} for q, v in ms.items()}
+
+
+TARGET = _at4({1: 50.0, 2: 52.0, 3: 55.0, 4: 60.0})
+DRAFTS = {"eagle3": _at4({1: 2.0, 4: 8.0}), "fasteagle": _at4({6: 9.0})}
 KINDS = {"eagle3": "eagle3", "fasteagle": "fasteagle"}
 
 
 def test_each_method_pays_the_forwards_vllm_runs_for_it():
+    assert draft_queries("eagle3", 3) == [1, 4] and draft_queries("fasteagle", 3) == [6]
     assert step_ms("vanilla", None, 4, 3, TARGET, DRAFTS) == 50.0
     assert step_ms("ngram", None, 4, 3, TARGET, DRAFTS) == 60.0  # k+1 = 4 tokens verified
     assert step_ms("eagle3", "eagle3", 4, 3, TARGET, DRAFTS) == 60.0 + 8.0 + 2 * 2.0  # k+1 tokens, then k-1 of one
@@ -24,7 +29,7 @@ def test_the_limit_is_batch_times_tau_over_the_step():
     assert out["vanilla"]["limit_tokens_per_s"] == pytest.approx(4 / 0.050)
     assert out["fasteagle"]["limit_tokens_per_s"] == pytest.approx(4 * 2.0 / 0.069)
     assert out["fasteagle"]["of_limit"] == pytest.approx(100.0 / (4 * 2.0 / 0.069))
-    doc = {"k": 3, "context": 256, "repeats": 5, "target": TARGET, "drafters": {"fasteagle": DRAFTS["fasteagle"]},
-           "kinds": KINDS, "limits": {"4": out}}
+    doc = {"k": 3, "repeats": 5, "decode_tokens": 32, "prompt_tokens": 256, "target": TARGET,
+           "drafters": {"fasteagle": DRAFTS["fasteagle"]}, "kinds": KINDS, "limits": {"4": out}}
     table = markdown(doc)
     assert "| 4 | 50.0 | 60.0 | 9.0 |" in table and "100.0 / 115.9 (86%)" in table

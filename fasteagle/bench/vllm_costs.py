@@ -4,29 +4,28 @@
         --repeats 5 --out bench/results/cpu-...-vllm-costs-....json
 
 A batch sweep (`fasteagle.bench.batches`) measured tokens/s and tau; this measures what one engine step
-costs, in vLLM itself, and asks how close each method came to what those costs allow:
+costs, in vLLM itself, and asks how close each method came to what those costs allow. A step of b requests
+each feeding q tokens to the model is timed over many steps: b requests decode M+1 tokens, less the same
+with 1 (so prefill and the call's fixed costs cancel), over the steps between. q = 1 is plain decoding;
+q > 1 is vLLM's n-gram proposer drafting q-1 tokens a step (its lookup costs next to nothing) on a prompt
+that repeats itself, so it drafts at every step: the step that verifies q tokens per request, rejection
+sampler included. `query` records the tokens per request and step that really ran.
 
-- decode(b): one step of b requests, one new token each: (time of b requests decoding M+1 tokens minus
-  the same with 1) / M;
-- forward(b, q): a step whose forward reads q tokens per request: decode(b) plus the extra time of a
-  one-step call whose requests each bring q uncached tokens after a cached prefix, over one that brings 1
-  (prefix caching leaves exactly q tokens to compute; the call's fixed costs cancel).
+The target is timed for q = 1..k+1; each drafter at its shape (a Llama of its width, layers, MLP and draft
+vocabulary, random weights: vLLM runs it as a model of its own, so the drafter's fusion of the target's
+features, a few small matmuls, is left out) at the q its proposer feeds it, less an almost empty model's
+step at the same q (one layer of width 64, the same vocabulary: scheduling, sampling, rejection), since a
+drafter runs inside the target's step. vLLM's EAGLE-3 path drafts a chain with a first forward over the
+step's k+1 tokens, then k-1 forwards of one; in parallel drafting (the cascade) one forward over those k+1
+and k-1 mask rows, 2k per request (`vllm/v1/spec_decode/llm_base_proposer.py`). So a step costs
 
-The target is timed that way for q = 1..k+1 (a chain of k drafts verified), each drafter at its shape (a
-Llama of its width, layers, MLP and draft vocabulary, random weights: vLLM runs it as its own model, so
-the drafter's fusion of the target's features, a few small matmuls, is left out) for q = 1..2k. A drafter
-runs inside the target's engine step, so the step of an almost empty model (one layer of width 64, the
-same vocabulary: scheduling, sampling, output) is taken off each drafter's timings. vLLM's
-EAGLE-3 path drafts a chain with a first forward over the step's k+1 tokens then k-1 forwards of one; in
-parallel drafting (the cascade) one forward over those k+1 and k-1 mask rows, 2k per request
-(`vllm/v1/spec_decode/llm_base_proposer.py`). So a step costs
-
-    vanilla: decode(b)      n-gram: forward(b, k+1)      (its host-side matching left out)
-    eagle3: forward(b, k+1) + draft(b, k+1) + (k-1) draft(b, 1)      cascade: forward(b, k+1) + draft(b, 2k)
+    vanilla: step(b, 1)      n-gram: step(b, k+1)
+    eagle3: step(b, k+1) + draft(b, k+1) + (k-1) draft(b, 1)      cascade: step(b, k+1) + draft(b, 2k)
 
 and a method's limit is b * tau / step tokens/s, tau the sweep's own at that batch (tokens per request
-and step). Measured over limit says what the rest of the engine (scheduling, sampling, rejection, the
-drafter's bookkeeping) costs on top.
+and step). Measured over limit says what the rest (the proposer's bookkeeping, the drafter's inputs and
+its sampling) costs on top. n-gram's limit assumes it drafts at every step; on real prompts it does not,
+so it can beat its limit.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ from tqdm import tqdm
 
 from fasteagle.errors import FastEagleError
 
-DECODE_TOKENS = 32  # M: new tokens of the decode timing (its one-token call subtracted)
-CONTEXT = 256  # cached prefix tokens each timed request attends to (two of vLLM's CPU blocks)
+DECODE_TOKENS = 32  # M: new tokens of a timed call (its one-token call subtracted)
+PERIOD, REPEATS_IN_PROMPT = 16, 16  # the prompt: 16 random tokens, 16 times (256 tokens, two CPU blocks)
 
 
 def shape_model(cfg: dict, folder: Path) -> Path:
@@ -59,53 +58,84 @@ def shape_model(cfg: dict, folder: Path) -> Path:
     return folder
 
 
-def step_costs(llm, sizes: list[int], queries: list[int], vocab: int, repeats: int, label: str) -> dict:
-    """ms per engine step of `llm` at each batch size: {"decode": {b: ms}, "forward": {b: {q: ms}}}, from the
-    fastest of `repeats` timings of each call, taken in turn across every (b, q): a call's time varies by
-    tens of ms with the hand-offs between vLLM's three processes, and only upwards."""
+def timed_steps(llm, sizes: list[int], vocab: int, repeats: int, label: str) -> dict:
+    """ms per engine step of `llm` at each batch size ({b: {"ms", "query", "spread"}}), from the fastest of
+    `repeats` timings of each call, taken in turn across batch sizes: a call's time varies by tens of ms with
+    the hand-offs between vLLM's three processes, and only upwards."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from fasteagle.vllm_engine import counters, since
+
     rng = random.Random(0)
-    prefix = [rng.randrange(vocab) for _ in range(CONTEXT)]
+    period = [rng.randrange(vocab) for _ in range(PERIOD)]
+    prompt = TokensPrompt(prompt_token_ids=period * REPEATS_IN_PROMPT)
 
-    def call(b: int, q: int, new: int) -> float:
-        prompts = [TokensPrompt(prompt_token_ids=prefix + [rng.randrange(vocab) for _ in range(q)]) for _ in range(b)]
+    def call(b: int, new: int) -> tuple[float, dict]:
         params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True, detokenize=False)
+        before = counters(llm)
         start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        return (time.perf_counter() - start) * 1e3
+        llm.generate([prompt] * b, params, use_tqdm=False)
+        return (time.perf_counter() - start) * 1e3, since(counters(llm), before)
 
-    call(1, 1, 2)  # caches the prefix
-    cases = [(b, q, 1) for b in sizes for q in queries] + [(b, 1, DECODE_TOKENS + 1) for b in sizes]
-    times = {c: [] for c in cases}
-    for _ in tqdm(range(repeats), desc=f"vLLM step costs: {label}", unit="round"):
-        for c in cases:
-            times[c].append(call(*c))
-    ms = {c: min(t) for c, t in times.items()}
-    decode = {b: (ms[b, 1, DECODE_TOKENS + 1] - ms[b, 1, 1]) / DECODE_TOKENS for b in sizes}
-    spread = {b: max(_spread(times[b, q, 1]) for q in queries) for b in sizes}
-    return {"decode": {str(b): decode[b] for b in sizes},
-            "forward": {str(b): {str(q): decode[b] + ms[b, q, 1] - ms[b, 1, 1] for q in queries} for b in sizes},
-            "call_ms": {str(b): ms[b, 1, 1] for b in sizes}, "spread": {str(b): spread[b] for b in sizes}}
+    call(1, 2)  # caches the prompt
+    times = {(b, n): [] for b in sizes for n in (1, DECODE_TOKENS + 1)}
+    drafted = {}
+    for _ in tqdm(range(repeats), desc=f"vLLM steps: {label}", unit="round"):
+        for b, n in times:
+            ms, c = call(b, n)
+            times[b, n].append(ms)
+            drafted[b, n] = c
+    out = {}
+    for b in sizes:
+        c = drafted[b, DECODE_TOKENS + 1]
+        steps = DECODE_TOKENS - c["accepted"] / b  # per request: every token but the accepted drafts took a step
+        out[str(b)] = {"ms": (min(times[b, DECODE_TOKENS + 1]) - min(times[b, 1])) / steps,
+                       "query": 1 + c["draft_tokens"] / (b * steps),
+                       "spread": _spread(times[b, DECODE_TOKENS + 1])}
+    return out
 
 
 def _spread(values: list[float]) -> float:
-    """(max - min) / median of one case's timings."""
+    """(max - min) / median of one call's timings."""
     return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
+
+
+def costs_at(model: str, queries: list[int], sizes: list[int], vocab: int, repeats: int, label: str) -> dict:
+    """`model`'s step at each batch size for each q in `queries` ({q: timed_steps}): q = 1 decoding, q > 1
+    with vLLM's n-gram proposer drafting q-1 tokens a step."""
+    from fasteagle.vllm_engine import close, engine
+
+    out = {}
+    for q in queries:
+        spec = {"method": "ngram", "num_speculative_tokens": q - 1, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+        llm = engine(model, enable_prefix_caching=True, skip_tokenizer_init=True,
+                     **({"speculative_config": spec} if q > 1 else {}))
+        try:
+            out[str(q)] = timed_steps(llm, sizes, vocab, repeats, f"{label}, q={q}")
+        finally:
+            close(llm)
+    return out
 
 
 def step_ms(method: str, kind: str | None, b: int, k: int, target: dict, drafts: dict) -> float:
     """One step's ms for `method` at batch b by the formulas above (`kind`: its drafter's, or None)."""
-    fwd = target["forward"][str(b)]
+    def t(q):
+        return target[str(q)][str(b)]["ms"]
+
+    def d(q):
+        return drafts[method][str(q)][str(b)]["ms"]
+
     if method == "vanilla":
-        return target["decode"][str(b)]
+        return t(1)
     if kind is None:  # n-gram
-        return fwd[str(k + 1)]
-    d = drafts[method]["forward"][str(b)]
-    if kind == "eagle3":
-        return fwd[str(k + 1)] + d[str(k + 1)] + (k - 1) * d["1"]
-    return fwd[str(k + 1)] + d[str(2 * k)]
+        return t(k + 1)
+    return t(k + 1) + (d(k + 1) + (k - 1) * d(1) if kind == "eagle3" else d(2 * k))
+
+
+def draft_queries(kind: str, k: int) -> list[int]:
+    """The tokens per request of each forward a drafter of `kind` runs in a step (the formulas above)."""
+    return [1, k + 1] if kind == "eagle3" else [2 * k]
 
 
 def limits(sweep: dict, target: dict, drafts: dict, kinds: dict) -> dict:
@@ -122,7 +152,7 @@ def limits(sweep: dict, target: dict, drafts: dict, kinds: dict) -> dict:
     return out
 
 
-def measure(sweep_file: str | Path, target_dir: str, settings, repeats: int) -> dict:
+def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: int) -> dict:
     """The whole run: the target's and each drafter's step costs at the sweep's batch sizes, and the limits."""
     import datetime
 
@@ -131,7 +161,7 @@ def measure(sweep_file: str | Path, target_dir: str, settings, repeats: int) -> 
     from fasteagle.bench.timing import device_name
     from fasteagle.draftbase import read_config
     from fasteagle.methods import canonical
-    from fasteagle.vllm_engine import close, engine
+    from fasteagle.vllm_engine import target_dir as resolve
 
     try:
         sweep = json.loads(Path(sweep_file).read_text(encoding="utf-8"))
@@ -142,53 +172,50 @@ def measure(sweep_file: str | Path, target_dir: str, settings, repeats: int) -> 
     sizes, k = sorted(int(b) for b in sweep["batches"]), sweep["k"]
     methods = list(next(iter(sweep["batches"].values()))["methods"])
     kinds = {m: canonical(m) for m in methods if m not in ("vanilla", "ngram")}
-    options = {"enable_prefix_caching": True, "skip_tokenizer_init": True}
-    llm = engine(target_dir, **options)
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    target = step_costs(llm, sizes, list(range(1, k + 2)), vocab, repeats, "target")
-    close(llm)
-    drafts, shapes = {}, {}
+    model = resolve(target_dir)
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    target = costs_at(model, list(range(1, k + 2)), sizes, vocab, repeats, "target")
+    drafts, shapes, raw = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for m in kinds:
+        for m, kind in kinds.items():
             cfg = read_config(settings.drafter_dir(m))[0]
             shapes[m] = {key: cfg.get(key) for key in ("width", "num_layers", "intermediate", "draft_vocab")}
-            llm = engine(str(shape_model(cfg, Path(tmp) / m)), **options)
-            drafts[m] = step_costs(llm, sizes, list(range(1, 2 * k + 1)), shapes[m]["draft_vocab"] or 4096,
-                                   repeats, m)
-            close(llm)
-        # an engine step with (next to) no model: what every timed call paid besides the forward
+            raw[m] = costs_at(str(shape_model(cfg, Path(tmp) / m)), draft_queries(kind, k), sizes,
+                              shapes[m]["draft_vocab"] or cfg["vocab_size"], repeats, m)
+        # an engine step with (next to) no model: what every drafter's timing paid besides its forward
         vocab = max(s["draft_vocab"] or 4096 for s in shapes.values()) if shapes else 4096
         tiny = {"width": 64, "intermediate": 64, "num_layers": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64,
                 "draft_vocab": vocab, "rope_theta": 10000.0, "rms_norm_eps": 1e-5}
-        llm = engine(str(shape_model(tiny, Path(tmp) / "empty")), **options)
-        empty = step_costs(llm, sizes, [1], vocab, repeats, "an empty model")
-        close(llm)
-    for d in drafts.values():  # a drafter's forward runs inside the target's step: its own step's fixed cost out
-        d["forward"] = {b: {q: ms - empty["decode"][b] for q, ms in row.items()} for b, row in d["forward"].items()}
+        queries = sorted({q for kind in kinds.values() for q in draft_queries(kind, k)})
+        empty = costs_at(str(shape_model(tiny, Path(tmp) / "empty")), queries, sizes, vocab, repeats, "empty model")
+    for m, by_q in raw.items():  # a drafter's forward runs inside the target's step: the step's fixed cost out
+        drafts[m] = {q: {b: r | {"step_ms": r["ms"], "ms": r["ms"] - empty[q][b]["ms"]} for b, r in row.items()}
+                     for q, row in by_q.items()}
     return {"date": datetime.date.today().isoformat(), "device": device_name(torch.device("cpu")),
-            "target_model": sweep.get("target"), "k": k, "sweep": str(sweep_file), "context": CONTEXT,
-            "decode_tokens": DECODE_TOKENS, "repeats": repeats, "target": target, "drafters": drafts,
-            "empty_step": empty["decode"], "shapes": shapes, "kinds": kinds,
+            "target_model": sweep.get("target"), "k": k, "sweep": str(sweep_file),
+            "prompt_tokens": PERIOD * REPEATS_IN_PROMPT, "decode_tokens": DECODE_TOKENS, "repeats": repeats,
+            "target": target, "drafters": drafts, "empty": empty, "shapes": shapes, "kinds": kinds,
             "limits": limits(sweep, target, drafts, kinds)}
 
 
 def markdown(doc: dict) -> str:
     """The step costs and each method's measured tokens/s against its limit, one row per batch size."""
-    sizes = list(doc["target"]["decode"])
-    k = doc["k"]
-    head = (f"vLLM step costs (ms; context {doc['context']} cached tokens, fastest of {doc['repeats']}) and "
-            f"each method's limit, chain of {k}\n\n| batch | decode | forward k+1 | "
-            + " | ".join(f"{m} draft" for m in doc["drafters"]) + " | "
-            + " | ".join(f"{m}: measured / limit" for m in next(iter(doc["limits"].values()))) + " |\n")
-    head += "|---" * (3 + len(doc["drafters"]) + len(next(iter(doc["limits"].values())))) + "|\n"
+    k, t = doc["k"], doc["target"]
+    sizes = list(t["1"])
+    names = list(next(iter(doc["limits"].values())))
+    head = (f"vLLM's steps on this CPU (ms, the fastest of {doc['repeats']} timings of {doc['decode_tokens']} steps "
+            f"after a {doc['prompt_tokens']}-token prompt; the drafters at their shapes) and each method's limit "
+            f"(b x tau / step), chains of {k}\n\n| batch | step, 1 token | step, {k + 1} tokens | "
+            + " | ".join(f"{m} drafting" for m in doc["drafters"]) + " | "
+            + " | ".join(f"{m}: measured / limit" for m in names) + " |\n")
+    head += "|---" * (3 + len(doc["drafters"]) + len(names)) + "|\n"
     rows = []
     for b in sizes:
-        t = doc["target"]
-        drafts = [step_ms(m, doc["kinds"][m], int(b), k, t, doc["drafters"]) - t["forward"][b][str(k + 1)]
-                  for m in doc["drafters"]]
+        drafting = [step_ms(m, doc["kinds"][m], int(b), k, t, doc["drafters"]) - t[str(k + 1)][b]["ms"]
+                    for m in doc["drafters"]]
         lim = doc["limits"].get(b, {})
-        rows.append(f"| {b} | {t['decode'][b]:.1f} | {t['forward'][b][str(k + 1)]:.1f} | "
-                    + " | ".join(f"{d:.1f}" for d in drafts) + " | "
+        rows.append(f"| {b} | {t['1'][b]['ms']:.1f} | {t[str(k + 1)][b]['ms']:.1f} | "
+                    + " | ".join(f"{d:.1f}" for d in drafting) + " | "
                     + " | ".join(f"{r['tokens_per_s']:.1f} / {r['limit_tokens_per_s']:.1f} ({r['of_limit']:.0%})"
                                  for r in lim.values()) + " |")
     return head + "\n".join(rows) + "\n"

@@ -30,7 +30,7 @@ def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_ne
     from fasteagle import vllm_engine as ve
 
     t0 = time.monotonic()
-    llm = ve.engine(target, "vanilla", seed=seed)
+    llm = _all_cores(lambda: ve.engine(target, "vanilla", seed=seed))
     load_s = time.monotonic() - t0
     stop = [t for t in {tokenizer.eos_token_id, *_eos_ids(llm)} if t is not None]
     order = distill_order([len(p) for p in prompts], batch_size, seed)
@@ -69,3 +69,20 @@ def _eos_ids(llm) -> list[int]:
     """The target's own stop ids (its generation config may name several)."""
     eos = getattr(llm.llm_engine.model_config.hf_config, "eos_token_id", None)
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+def _all_cores(make):
+    """`make()` with vLLM's CPU worker on every core: for serving, vLLM leaves one core of a small machine to
+    its engine process, but offline generation keeps that process idle (measured on 2 cores: 24 replies in
+    30 s instead of 51 s; docs/training.md). Benchmarks that compare engines at equal threads do not use this."""
+    import os
+
+    key, old = "VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if old is None:
+        os.environ[key] = f"0-{(os.cpu_count() or 1) - 1}"
+    try:
+        return make()
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+
