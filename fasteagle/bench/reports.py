@@ -202,15 +202,18 @@ def _compare_table(doc: dict) -> str:
                       + (f", drafting over {d['draft_vocab']} tokens" if d.get("draft_vocab") else "") + ")"
                       for m, d in (s.get("drafters") or {}).items()) + "\n\n")
     peak = any(m.get("peak_mb") is not None for m in doc["methods"].values())
-    lines = ["| method | tokens/s | speedup vs vanilla | vs HF generate | tau | draft ms | verify ms | "
-             "identical |" + " peak MB |" * peak, "|---|---|---|---|---|---|---|---|" + "---|" * peak]
+    hf = any(m.get("speedup_vs_hf_generate") is not None for m in doc["methods"].values())
+    lines = ["| method | tokens/s | speedup vs vanilla |" + " vs HF generate |" * hf + " tau | acceptance by depth | "
+             "draft ms | verify ms | identical |" + " peak MB |" * peak, "|---|---|---|---|---|---|---|---|"
+             + "---|" * (hf + peak)]
     for name, m in doc["methods"].items():
         def f(key, fmt="{:.2f}", m=m):
             return fmt.format(m[key]) if m.get(key) is not None else "–"
         ident = f"{m['identical_to_vanilla']}/{m['prompts']}" if "identical_to_vanilla" in m else "–"
-        lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} | "
-                     f"{f('speedup_vs_hf_generate', '{:.2f}x')} | {f('tau')} | {f('draft_ms', '{:.1f}')} | "
-                     f"{f('verify_ms', '{:.1f}')} | {ident} |" + f" {f('peak_mb', '{:.0f}')} |" * peak)
+        lines.append(f"| {name} | {f('tokens_per_s', '{:.1f}')} | {f('speedup_vs_vanilla', '{:.2f}x')} |"
+                     + f" {f('speedup_vs_hf_generate', '{:.2f}x')} |" * hf + f" {f('tau')} | {_depths(m)} | "
+                     f"{f('draft_ms', '{:.1f}')} | {f('verify_ms', '{:.1f}')} | {ident} |"
+                     + f" {f('peak_mb', '{:.0f}')} |" * peak)
     spreads = {n: m["spread"] for n, m in doc["methods"].items() if "spread" in m}
     if spreads:
         runs = len(next(m for m in doc["methods"].values() if "spread" in m)["tokens_per_s_runs"])
@@ -229,6 +232,12 @@ def _compare_table(doc: dict) -> str:
                      if ms.get(n, {}).get("speedup_vs_vanilla") is not None else "–" for n in names]
             lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
+
+
+def _depths(summary: dict, shown: int = 4) -> str:
+    """A drafter's acceptance at each depth it reached (`trace.depth_rates`), the first `shown`; – for none."""
+    rates = [r for r in (summary.get("depth_acceptance") or [])[:shown] if r is not None]
+    return ", ".join(f"{r:.2f}" for r in rates) if rates else "–"
 
 
 def _verify_cost_table(doc: dict) -> str:
