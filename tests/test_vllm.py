@@ -234,7 +234,8 @@ def test_step_costs_time_vllm_and_set_each_method_against_its_limit(sweep):
     for b in ("1", "2"):
         for q, row in doc["target"].items():  # the n-gram proposer drafted at every step of the repeating prompt
             assert row[b]["ms"] > 0 and row[b]["query"] == pytest.approx(int(q), abs=0.2)
-        assert doc["drafters"]["fasteagle-equal"]["6"][b]["query"] == pytest.approx(6, abs=0.5)
+        drafter = doc["drafters"]["fasteagle-equal"]["6"][b]  # a decode step of b*6 requests at its shape
+        assert drafter["rows"] == 6 * int(b) and drafter["step_ms"] > drafter["ms"]
         for m in ("vanilla", "fasteagle-equal"):
             row, tau = doc["limits"][b][m], measured["batches"][b]["methods"][m].get("tau") or 1.0
             ms = step_ms(m, doc["kinds"].get(m), int(b), 3, doc["target"], doc["drafters"])

@@ -9,15 +9,18 @@ each feeding q tokens to the model is timed over many steps: b requests decode M
 with 1 (so prefill and the call's fixed costs cancel), over the steps between. q = 1 is plain decoding;
 q > 1 is vLLM's n-gram proposer drafting q-1 tokens a step (its lookup costs next to nothing) on a prompt
 that repeats itself, so it drafts at every step: the step that verifies q tokens per request, rejection
-sampler included. `query` records the tokens per request and step that really ran.
+sampler included. `query` records the tokens per request and step that really ran; where it is not q
+(the last step cut by the token limit), the step at q is drawn on the line through the steps at 1 and at
+`query` tokens.
 
-The target is timed for q = 1..k+1; each drafter at its shape (a Llama of its width, layers, MLP and draft
-vocabulary, random weights: vLLM runs it as a model of its own, so the drafter's fusion of the target's
-features, a few small matmuls, is left out) at the q its proposer feeds it, less an almost empty model's
-step at the same q (one layer of width 64, the same vocabulary: scheduling, sampling, rejection), since a
-drafter runs inside the target's step. vLLM's EAGLE-3 path drafts a chain with a first forward over the
-step's k+1 tokens, then k-1 forwards of one; in parallel drafting (the cascade) one forward over those k+1
-and k-1 mask rows, 2k per request (`vllm/v1/spec_decode/llm_base_proposer.py`). So a step costs
+The target is timed for q = 1..k+1. Each drafter is timed at its shape (a Llama of its width, layers, MLP and
+draft vocabulary, random weights: vLLM runs it as a model of its own, so the drafter's fusion of the target's
+features, a few small matmuls, is left out): its forward of q tokens for b requests as a decode step of b*q
+requests (the same rows through every linear layer; attention over a short context is a small part of
+it), less an almost empty model's step at b*q (one layer of width 64, the same vocabulary: scheduling,
+sampling), since a drafter runs inside the target's step. vLLM's EAGLE-3 path drafts a chain with a first
+forward over the step's k+1 tokens, then k-1 forwards of one; in parallel drafting (the cascade) one
+forward over those k+1 and k-1 mask rows, 2k per request (`vllm/v1/spec_decode/llm_base_proposer.py`). So a step costs
 
     vanilla: step(b, 1)      n-gram: step(b, k+1)
     eagle3: step(b, k+1) + draft(b, k+1) + (k-1) draft(b, 1)      cascade: step(b, k+1) + draft(b, 2k)
@@ -42,7 +45,7 @@ from tqdm import tqdm
 from fasteagle.errors import FastEagleError
 
 DECODE_TOKENS = 32  # M: new tokens of a timed call (its one-token call subtracted)
-PERIOD, REPEATS_IN_PROMPT = 16, 16  # the prompt: 16 random tokens, 16 times (256 tokens, two CPU blocks)
+PERIOD, REPEATS_IN_PROMPT = 16, 16  # the prompt: 16 random tokens, 16 times (256 tokens, two CPU blocks), +1
 
 
 def shape_model(cfg: dict, folder: Path) -> Path:
@@ -58,7 +61,7 @@ def shape_model(cfg: dict, folder: Path) -> Path:
     return folder
 
 
-def timed_steps(llm, sizes: list[int], vocab: int, repeats: int, label: str) -> dict:
+def timed_steps(llm, sizes: list[int], prompt: list[int], repeats: int, label: str) -> dict:
     """ms per engine step of `llm` at each batch size ({b: {"ms", "query", "spread"}}), from the fastest of
     `repeats` timings of each call, taken in turn across batch sizes: a call's time varies by tens of ms with
     the hand-offs between vLLM's three processes, and only upwards."""
@@ -67,9 +70,7 @@ def timed_steps(llm, sizes: list[int], vocab: int, repeats: int, label: str) -> 
 
     from fasteagle.vllm_engine import counters, since
 
-    rng = random.Random(0)
-    period = [rng.randrange(vocab) for _ in range(PERIOD)]
-    prompt = TokensPrompt(prompt_token_ids=period * REPEATS_IN_PROMPT)
+    prompt = TokensPrompt(prompt_token_ids=prompt)
 
     def call(b: int, new: int) -> tuple[float, dict]:
         params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -101,21 +102,41 @@ def _spread(values: list[float]) -> float:
     return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
 
 
-def costs_at(model: str, queries: list[int], sizes: list[int], vocab: int, repeats: int, label: str) -> dict:
-    """`model`'s step at each batch size for each q in `queries` ({q: timed_steps}): q = 1 decoding, q > 1
-    with vLLM's n-gram proposer drafting q-1 tokens a step."""
+def costs_at(model: str, queries: list[int], sizes: list[int], prompt: list[int], repeats: int, label: str,
+             **options) -> dict:
+    """`model`'s step at each batch size for q = 1 and each q in `queries` ({q: {b: ...}}): q = 1 decoding,
+    q > 1 with vLLM's n-gram proposer drafting q-1 tokens a step. Where it drafted at fewer steps than all
+    (`query` under q), the step at q is drawn on the line through the steps at 1 and at `query` tokens."""
     from fasteagle.vllm_engine import close, engine
 
     out = {}
-    for q in queries:
+    for q in sorted({1, *queries}):
         spec = {"method": "ngram", "num_speculative_tokens": q - 1, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
         llm = engine(model, enable_prefix_caching=True, skip_tokenizer_init=True,
-                     **({"speculative_config": spec} if q > 1 else {}))
+                     **({"speculative_config": spec} if q > 1 else {}), **options)
         try:
-            out[str(q)] = timed_steps(llm, sizes, vocab, repeats, f"{label}, q={q}")
+            out[str(q)] = timed_steps(llm, sizes, prompt, repeats, f"{label}, q={q}")
         finally:
             close(llm)
+    for q, row in out.items():
+        for b, r in row.items():
+            one = out["1"][b]["ms"]
+            r["measured_ms"] = r["ms"]
+            if int(q) > 1 and r["query"] > 1.05:
+                r["ms"] = one + (r["measured_ms"] - one) * (int(q) - 1) / (r["query"] - 1)
     return out
+
+
+def repeating_prompt(vocab: int | None = None, tokenizer=None) -> list[int]:
+    """A prompt that repeats itself, one token past two of vLLM's CPU blocks (it caches whole blocks and
+    recomputes a prompt's last token): a sentence the target will go on repeating, or random tokens for a
+    model of random weights (which falls into a loop of its own)."""
+    if tokenizer is not None:
+        ids = tokenizer("The quick brown fox jumps over the lazy dog. " * 40)["input_ids"]
+    else:
+        rng = random.Random(0)
+        ids = [rng.randrange(vocab) for _ in range(PERIOD)] * REPEATS_IN_PROMPT * 2
+    return ids[:PERIOD * REPEATS_IN_PROMPT + 1]
 
 
 def step_ms(method: str, kind: str | None, b: int, k: int, target: dict, drafts: dict) -> float:
@@ -172,28 +193,34 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
     sizes, k = sorted(int(b) for b in sweep["batches"]), sweep["k"]
     methods = list(next(iter(sweep["batches"].values()))["methods"])
     kinds = {m: canonical(m) for m in methods if m not in ("vanilla", "ngram")}
+    from transformers import AutoTokenizer
+
     model = resolve(target_dir)
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    target = costs_at(model, list(range(1, k + 2)), sizes, vocab, repeats, "target")
+    target = costs_at(model, list(range(2, k + 2)), sizes, repeating_prompt(tokenizer=AutoTokenizer.from_pretrained(
+        model)), repeats, "target")
+    rows = {m: sorted({b * q for b in sizes for q in draft_queries(kind, k)}) for m, kind in kinds.items()}
     drafts, shapes, raw = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for m, kind in kinds.items():
+        for m in kinds:
             cfg = read_config(settings.drafter_dir(m))[0]
             shapes[m] = {key: cfg.get(key) for key in ("width", "num_layers", "intermediate", "draft_vocab")}
-            raw[m] = costs_at(str(shape_model(cfg, Path(tmp) / m)), draft_queries(kind, k), sizes,
-                              shapes[m]["draft_vocab"] or cfg["vocab_size"], repeats, m)
+            raw[m] = costs_at(str(shape_model(cfg, Path(tmp) / m)), [], rows[m],
+                              repeating_prompt(shapes[m]["draft_vocab"] or cfg["vocab_size"]), repeats, m,
+                              max_num_seqs=max(rows[m]))["1"]
         # an engine step with (next to) no model: what every drafter's timing paid besides its forward
         vocab = max(s["draft_vocab"] or 4096 for s in shapes.values()) if shapes else 4096
         tiny = {"width": 64, "intermediate": 64, "num_layers": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 64,
                 "draft_vocab": vocab, "rope_theta": 10000.0, "rms_norm_eps": 1e-5}
-        queries = sorted({q for kind in kinds.values() for q in draft_queries(kind, k)})
-        empty = costs_at(str(shape_model(tiny, Path(tmp) / "empty")), queries, sizes, vocab, repeats, "empty model")
-    for m, by_q in raw.items():  # a drafter's forward runs inside the target's step: the step's fixed cost out
-        drafts[m] = {q: {b: r | {"step_ms": r["ms"], "ms": r["ms"] - empty[q][b]["ms"]} for b, r in row.items()}
-                     for q, row in by_q.items()}
+        every = sorted({n for r in rows.values() for n in r})
+        empty = costs_at(str(shape_model(tiny, Path(tmp) / "empty")), [], every, repeating_prompt(vocab), repeats,
+                         "empty model", max_num_seqs=max(every, default=1))["1"]
+    for m, decode in raw.items():  # q tokens of b requests: the rows of a decode step of b*q requests, its step out
+        drafts[m] = {str(q): {str(b): {"ms": decode[str(b * q)]["ms"] - empty[str(b * q)]["ms"],
+                                       "step_ms": decode[str(b * q)]["ms"], "rows": b * q} for b in sizes}
+                     for q in draft_queries(kinds[m], k)}
     return {"date": datetime.date.today().isoformat(), "device": device_name(torch.device("cpu")),
             "target_model": sweep.get("target"), "k": k, "sweep": str(sweep_file),
-            "prompt_tokens": PERIOD * REPEATS_IN_PROMPT, "decode_tokens": DECODE_TOKENS, "repeats": repeats,
+            "prompt_tokens": PERIOD * REPEATS_IN_PROMPT + 1, "decode_tokens": DECODE_TOKENS, "repeats": repeats,
             "target": target, "drafters": drafts, "empty": empty, "shapes": shapes, "kinds": kinds,
             "limits": limits(sweep, target, drafts, kinds)}
 
