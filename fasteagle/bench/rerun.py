@@ -13,6 +13,7 @@ cascade. Results measured on a GPU are listed but not rerun here. Each rerun rep
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -168,9 +169,16 @@ def rerun(found: list[Stale], documents: list[str], root: Path = Path(".")) -> l
     for s in tqdm(todo, desc="rerun results", unit="result"):
         argv = shlex.split(s.command)
         start = time.monotonic()
-        done = subprocess.run([sys.executable, *argv[1:]], cwd=root)
+        done = subprocess.run([sys.executable, *argv[1:]], cwd=root, env=_with_package(os.environ))
         if done.returncode:
             raise FastEagleError(f"rerunning {s.path} failed (exit {done.returncode}): {s.command}")
         tqdm.write(f"reran {s.path} in {(time.monotonic() - start) / 60:.1f} min")
     pages = [root / d for d in documents]
     return update_docs([p for p in pages if p.is_file() and RESULT_BLOCK.search(p.read_text(encoding="utf-8"))])
+
+
+def _with_package(env) -> dict:
+    """The environment with this package importable, installed or not (the commands run `python -m fasteagle`)."""
+    here = str(Path(__file__).resolve().parents[2])
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)}
+
