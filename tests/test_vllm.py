@@ -233,7 +233,7 @@ def test_step_costs_time_vllm_and_set_each_method_against_its_limit(sweep):
     assert list(doc["target"]) == ["1", "2", "3", "4"] and list(doc["drafters"]["fasteagle-equal"]) == ["6"]
     for b in ("1", "2"):
         for q, row in doc["target"].items():  # the n-gram proposer drafted at every step of the repeating prompt
-            assert row[b]["ms"] > 0 and row[b]["query"] == pytest.approx(int(q), abs=0.2)
+            assert row[b]["ms"] > 0 and int(q) - 0.3 <= row[b]["query"] <= int(q) + 0.05
         drafter = doc["drafters"]["fasteagle-equal"]["6"][b]  # a decode step of b*6 requests at its shape
         assert drafter["rows"] == 6 * int(b) and drafter["step_ms"] > drafter["ms"]
         for m in ("vanilla", "fasteagle-equal"):

@@ -9,9 +9,8 @@ each feeding q tokens to the model is timed over many steps: b requests decode M
 with 1 (so prefill and the call's fixed costs cancel), over the steps between. q = 1 is plain decoding;
 q > 1 is vLLM's n-gram proposer drafting q-1 tokens a step (its lookup costs next to nothing) on a prompt
 that repeats itself, so it drafts at every step: the step that verifies q tokens per request, rejection
-sampler included. `query` records the tokens per request and step that really ran; where it is not q
-(the last step cut by the token limit), the step at q is drawn on the line through the steps at 1 and at
-`query` tokens.
+sampler included. `query` records the tokens per request and step that ran; where it falls short of q
+(steps without a draft), the step at q is drawn on the line through the steps at 1 and at `query` tokens.
 
 The target is timed for q = 1..k+1. Each drafter is timed at its shape (a Llama of its width, layers, MLP and
 draft vocabulary, random weights: vLLM runs it as a model of its own, so the drafter's fusion of the target's
@@ -90,7 +89,10 @@ def timed_steps(llm, sizes: list[int], prompt: list[int], repeats: int, label: s
     out = {}
     for b in sizes:
         c = drafted[b, DECODE_TOKENS + 1]
-        steps = DECODE_TOKENS - c["accepted"] / b  # per request: every token but the accepted drafts took a step
+        # steps per request: every token but the accepted drafts took one, or every draft did; each count can
+        # fall short (a last step's drafts past the token limit count as accepted; a step without a draft
+        # has none), so the larger
+        steps = max(DECODE_TOKENS - c["accepted"] / b, c["drafts"] / b)
         out[str(b)] = {"ms": (min(times[b, DECODE_TOKENS + 1]) - min(times[b, 1])) / steps,
                        "query": 1 + c["draft_tokens"] / (b * steps),
                        "spread": _spread(times[b, DECODE_TOKENS + 1])}
@@ -122,7 +124,7 @@ def costs_at(model: str, queries: list[int], sizes: list[int], prompt: list[int]
         for b, r in row.items():
             one = out["1"][b]["ms"]
             r["measured_ms"] = r["ms"]
-            if int(q) > 1 and r["query"] > 1.05:
+            if 1.05 < r["query"] < int(q) - 0.05:  # drafted at fewer steps than all
                 r["ms"] = one + (r["measured_ms"] - one) * (int(q) - 1) / (r["query"] - 1)
     return out
 
