@@ -44,7 +44,7 @@ from tqdm import tqdm
 from fasteagle.errors import FastEagleError
 
 DECODE_TOKENS = 32  # M: new tokens of a timed call (its one-token call subtracted)
-PERIOD, REPEATS_IN_PROMPT = 16, 16  # the prompt: 16 random tokens, 16 times (256 tokens, two CPU blocks), +1
+PERIOD, REPEATS_IN_PROMPT = 16, 16  # a timed prompt's length: 256 tokens (two CPU blocks), +1
 
 
 def shape_model(cfg: dict, folder: Path) -> Path:
@@ -131,8 +131,8 @@ def costs_at(model: str, queries: list[int], sizes: list[int], prompt: list[int]
 
 def repeating_prompt(vocab: int | None = None, tokenizer=None) -> list[int]:
     """A prompt that repeats itself, one token past two of vLLM's CPU blocks (it caches whole blocks and
-    recomputes a prompt's last token): a sentence the target will go on repeating, or random tokens for a
-    model of random weights (which falls into a loop of its own)."""
+    recomputes a prompt's last token): a sentence the target will go on repeating (so that n-gram lookup
+    drafts at every step), or random tokens for a model of random weights, which is only timed decoding."""
     if tokenizer is not None:
         ids = tokenizer("The quick brown fox jumps over the lazy dog. " * 40)["input_ids"]
     else:
