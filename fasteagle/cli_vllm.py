@@ -142,15 +142,15 @@ def bench(args, target, settings, names: list[str], texts: list[str], sizes: lis
         from fasteagle.bench.vllm_costs import measure
 
         return measure(args.step_costs, args.target, settings, args.repeats or 5) | {"vllm": vllm.__version__}
+    about = {"vllm": vllm.__version__, "target": target.name, "device": bench_mod.device_name(target.device),
+             "prompt_files": args.prompts, "date": datetime.date.today().isoformat()}
     if args.distill_speed:
         from fasteagle.bench.distill import distill_speed
         from fasteagle.generate import chat_prompt_ids
 
         ids = [chat_prompt_ids(target, t).tolist() for t in texts]
         batch = sizes[0] if args.batch_sizes != "1" else 32
-        return distill_speed(target, args.target, ids, args.max_new_tokens, batch) | {
-            "vllm": vllm.__version__, "target": target.name, "device": bench_mod.device_name(target.device),
-            "prompt_files": args.prompts, "date": datetime.date.today().isoformat()}
+        return distill_speed(target, args.target, ids, args.max_new_tokens, batch) | about
     k = (args.tree_budget or 4) - 1  # a chain: the root and k drafted tokens
     if args.tree_k not in (None, "1") or k < 1:
         raise FastEagleError("--engine vllm drafts a chain: give --tree-k 1 (or none) and --tree-budget k+1 >= 2")
@@ -159,8 +159,6 @@ def bench(args, target, settings, names: list[str], texts: list[str], sizes: lis
     if args.repeats is not None and args.traces:
         raise FastEagleError("--traces writes the comparison's batch-1 decodes: leave out --repeats")
     temps = _temperatures(args.temperatures)
-    about = {"vllm": vllm.__version__, "target": target.name, "device": bench_mod.device_name(target.device),
-             "prompt_files": args.prompts, "date": datetime.date.today().isoformat()}
     if args.repeats is None:
         from fasteagle.bench.serving import compare_engines
 
