@@ -156,14 +156,15 @@ class CascadeState:
     spares the step a host round trip; on a CPU the host's heap is faster.
     The keys and values are in `cache` (dynamic) or `step` (fixed shapes; kept for the next sequence
     where it fits). `last` holds each active layer's output at the last accepted position,
-    `active_layers` the layers run per decode (fixed at `reset`), `capacity` the positions this
-    sequence may hold.
+    `active_layers` the layers run per decode (fixed at `reset`: every layer with `all_layers`, else
+    those the tree can use), `capacity` the positions this sequence may hold.
     """
 
     def __init__(self, drafter: CascadedDrafter):
         self.drafter = drafter
         self.step_mode: str | None = None
         self.tree_on_device: bool | None = None
+        self.all_layers = False
         self.cache: KVCache | None = None
         self.step: DraftStep | None = None
         self.last: torch.Tensor | None = None
@@ -198,7 +199,7 @@ class CascadeState:
         skipping them (caches included) makes small trees' drafts cheaper at no loss."""
         d = self.drafter
         self.last = None
-        self.active_layers = d.draft_depths
+        self.active_layers = d.cfg.num_layers if self.all_layers else d.draft_depths
         self.capacity = capacity
         if self.step is not None:
             self.step.reset(capacity)

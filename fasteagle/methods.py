@@ -49,6 +49,7 @@ class Settings:
     draft_int8: bool | None = None  # int8 weights for CPU-packed drafters (None: yes unless FASTEAGLE_DRAFT_INT8=0)
     step_mode: str | None = None  # fasteagle's decode step, one of STEP_MODES (None: "graph" on a GPU, else "dynamic")
     tree_on_device: bool | None = None  # fasteagle's fixed step builds its own tree (None: in a CUDA graph)
+    all_layers: bool = False  # fasteagle runs every cascade layer, even those the tree is too small to use
     drafter: Path | None = None  # the FastEagle drafter folder (None: DEFAULT_DRAFTER)
     eagle3_drafter: Path | None = None  # the EAGLE-3-style drafter folder (None: DEFAULT_EAGLE3)
     named: tuple[tuple[str, Path], ...] = ()  # more methods, each a label for a drafter folder (`--drafters`)
@@ -151,6 +152,7 @@ def _fasteagle(target, s: Settings):
     if s.tree_shape:  # else the drafter's default
         d.tree_shape = s.tree_shape
     d.step_mode, d.tree_on_device = s.step_mode, s.tree_on_device
+    d.state.all_layers = s.all_layers
     return d
 
 
@@ -194,6 +196,7 @@ ALIASES = {  # fasteagle with one setting changed, to time the two side by side 
     "fasteagle-backbone": ("fasteagle", {"tree_shape": "backbone"}),  # the paper's tree, whatever tree_shape says
     "fasteagle-eager": ("fasteagle", {"step_mode": "dynamic"}),  # op by op where fasteagle replays a CUDA graph
     "fasteagle-host-tree": ("fasteagle", {"tree_on_device": False}),  # the graph's tree built on the host
+    "fasteagle-all-layers": ("fasteagle", {"all_layers": True}),  # no layer skipped at small trees
 }
 PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3": "eagle3_drafter",
                 "eagle3+lookup": "eagle3_drafter"}  # the Settings field naming the folder a method loads

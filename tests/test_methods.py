@@ -21,6 +21,7 @@ def test_settings_set_up_the_drafter_and_aliases_are_settings(tiny, tmp_path):
     assert d.state.mode() == "static" and d.tree_on_device is True
     assert build("fasteagle-eager", tiny, s).state.mode() == "dynamic"
     assert build("fasteagle-host-tree", tiny, s).tree_on_device is False
+    assert build("fasteagle-all-layers", tiny, s).state.all_layers and not d.state.all_layers
     assert build("fasteagle-backbone", tiny, replace(s, tree_shape="product")).tree_shape == "backbone"
     joined = build("fasteagle+lookup", tiny, s)
     assert (joined.tree_k, joined.tree_budget, joined.drafter.tree_k) == ([4, 2], 9, [4, 2])
