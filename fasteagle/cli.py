@@ -109,6 +109,8 @@ def _check_out(out: str, charts: bool) -> None:
 def cmd_bench(args) -> int:
     """`bench`: the first mode flag given, in BENCH_MODES order, picks what it does; comparing methods on
     prompt sets is the default. Every list, file and output is checked before the model loads."""
+    if args.repeats is not None and args.repeats < 1:
+        raise FastEagleError("--repeats must be at least 1")
     mode = next((m for m in BENCH_MODES if getattr(args, m, None)), "compare")
     return BENCH_MODES[mode](args)
 
@@ -151,8 +153,6 @@ def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[in
     sizes = int_list(args.verify_cost, "--verify-cost") if args.verify_cost else None
     depths = int_list(args.depths, "--depths")
     budgets = int_list(args.budget_curve, "--budget-curve", minimum=2) if args.budget_curve else None
-    if getattr(args, "repeats", None) is not None and args.repeats < 1:
-        raise FastEagleError("--repeats must be at least 1")
     if args.draft_step and args.draft_step not in bench.SHAPES:
         raise FastEagleError(f"unknown --draft-step shape {args.draft_step!r}; choose one of {', '.join(bench.SHAPES)}")
     if args.out:
@@ -166,7 +166,7 @@ def _bench_engines(args) -> int:
     from fasteagle.vllm_engine import require_vllm
 
     require_vllm()
-    sizes = int_list(args.batch_sizes, "--batch-sizes")
+    sizes = int_list(args.batch_sizes or ("32" if args.distill_speed else "1"), "--batch-sizes")
     if args.out:
         _check_out(args.out, charts=args.repeats is not None)
     if args.step_costs:  # vLLM alone, no prompts: our target is not loaded

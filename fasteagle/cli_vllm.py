@@ -49,8 +49,8 @@ def add_bench_args(b) -> None:
                         "on the same prompts, each drafting a chain of --tree-budget minus one tokens, vLLM's plain "
                         "output the reference; with --repeats, in vLLM alone across --batch-sizes (needs "
                         "requirements-vllm.txt)")
-    b.add_argument("--batch-sizes", dest="batch_sizes", default="1", help="with --engine vllm: vLLM's tokens/s at "
-                   "these batch sizes (the prompts repeated to fill a batch)")
+    b.add_argument("--batch-sizes", dest="batch_sizes", default=None, help="with --engine vllm: vLLM's tokens/s at "
+                   "these batch sizes (the prompts repeated to fill a batch; default 1)")
     b.add_argument("--repeats", type=int, default=None, help="each prompt decoded this many times by every method "
                    "in turn, its median time kept, and the spread over the runs; with --engine vllm: the batch sweep "
                    "in vLLM alone, every timing this many times, interleaved across methods (docs/serving.md)")
@@ -149,13 +149,10 @@ def bench(args, target, settings, names: list[str], texts: list[str], sizes: lis
         from fasteagle.generate import chat_prompt_ids
 
         ids = [chat_prompt_ids(target, t).tolist() for t in texts]
-        batch = sizes[0] if args.batch_sizes != "1" else 32
-        return distill_speed(target, args.target, ids, args.max_new_tokens, batch) | about
+        return distill_speed(target, args.target, ids, args.max_new_tokens, sizes[0]) | about
     k = (args.tree_budget or 4) - 1  # a chain: the root and k drafted tokens
     if args.tree_k not in (None, "1") or k < 1:
         raise FastEagleError("--engine vllm drafts a chain: give --tree-k 1 (or none) and --tree-budget k+1 >= 2")
-    if args.repeats is not None and args.repeats < 1:
-        raise FastEagleError("--repeats must be at least 1")
     if args.repeats is not None and args.traces:
         raise FastEagleError("--traces writes the comparison's batch-1 decodes: leave out --repeats")
     temps = _temperatures(args.temperatures)

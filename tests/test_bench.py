@@ -70,6 +70,14 @@ def test_a_bad_limit_or_missing_file_is_refused(tmp_path):
         bench.load_prompts(tmp_path / "nope.jsonl")
 
 
+@pytest.mark.parametrize("engine", [[], ["--engine", "vllm", "--step-costs", "s.json"]])
+def test_repeats_below_one_are_refused_in_one_line_by_either_engine(engine, capsys):
+    from fasteagle.cli import main
+
+    assert main(["bench", "--repeats", "0", *engine]) == 2
+    assert capsys.readouterr().err.strip().endswith("--repeats must be at least 1")
+
+
 def test_depth_acceptance_is_null_where_no_step_reached_a_depth():
     row = {"tokens": [1, 2], "wall_s": 1.0, "forwards": 1, "steps": 1, "draft_ms": 1.0, "verify_ms": 1.0,
            "accepted_lengths": [2], "depth_reached": [3, 1, 0], "depth_accepted": [2, 1, 0], "peak_mb": None}

@@ -33,3 +33,15 @@ def test_the_limit_is_batch_times_tau_over_the_step():
            "drafters": {"fasteagle": DRAFTS["fasteagle"]}, "kinds": KINDS, "limits": {"4": out}}
     table = markdown(doc)
     assert "| 4 | 50.0 | 60.0 | 9.0 |" in table and "100.0 / 115.9 (86%)" in table
+
+
+def test_a_file_that_is_not_a_batch_sweep_is_refused_in_one_line(tmp_path):
+    from fasteagle.bench.vllm_costs import measure
+    from fasteagle.errors import FastEagleError
+    from fasteagle.methods import Settings
+
+    with pytest.raises(FastEagleError, match="cannot read the result file"):
+        measure(tmp_path / "missing.json", None, Settings(), 1)
+    (tmp_path / "chat.json").write_text('{"methods": ["vanilla"]}')
+    with pytest.raises(FastEagleError, match="not a vLLM batch sweep"):
+        measure(tmp_path / "chat.json", None, Settings(), 1)

@@ -32,7 +32,6 @@ so it can beat its limit.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import tempfile
@@ -181,16 +180,14 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
 
     import torch
 
+    from fasteagle.bench.reports import read_result  # here: reports imports this module's table
     from fasteagle.bench.timing import device_name
     from fasteagle.draftbase import read_config
     from fasteagle.methods import canonical
     from fasteagle.vllm_engine import target_dir as resolve
 
-    try:
-        sweep = json.loads(Path(sweep_file).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise FastEagleError(f"cannot read the sweep {sweep_file}: {exc}") from None
-    if not isinstance(sweep, dict) or "batches" not in sweep or "k" not in sweep:
+    sweep = read_result(sweep_file)
+    if "batches" not in sweep or "k" not in sweep:
         raise FastEagleError(f"{sweep_file} is not a vLLM batch sweep (bench --engine vllm --repeats)")
     sizes, k = sorted(int(b) for b in sweep["batches"]), sweep["k"]
     methods = list(next(iter(sweep["batches"].values()))["methods"])
