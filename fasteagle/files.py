@@ -1,4 +1,5 @@
-"""Writing files so that nothing is lost, and checking up front that an output can be written.
+"""Writing files so that nothing is lost, checking up front that an output can be written, and reading
+a result file back.
 
 Every file fasteagle writes (the model cache, drafter weights, checkpoints, results, traces) goes to a
 unique temporary name beside its destination and is renamed into place: a crash, a kill or a second
@@ -7,6 +8,7 @@ process writing the same file never leaves it missing or half-written, only the 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -79,3 +81,13 @@ def check_writable(path: str | Path, what: str, directory: bool = False) -> Path
     os.unlink(probe)
     return path
 
+
+def read_result(path: str | Path) -> dict:
+    """A result JSON, or a one-line error naming the file (a typo, a .md given for the .json)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise FastEagleError(f"cannot read the result file {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise FastEagleError(f"{path} is not a bench result (a JSON object)")
+    return doc

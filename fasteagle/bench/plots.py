@@ -98,6 +98,29 @@ def equal_training_charts(doc: dict, path: str | Path) -> None:
         fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)
 
 
+def side_by_side_chart(doc: dict, path: str | Path) -> None:
+    """Plotly HTML of a recipe's compare stage: acceptance against depth, a line per drafter, a panel per
+    prompt set and tree."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    panels = [(p, t) for p, trees in doc["side_by_side"].items() for t in trees]
+    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, subplot_titles=[f"{p}, {t}" for p, t in panels])
+    names = list(dict.fromkeys(n for p, t in panels for n in doc["side_by_side"][p][t]["methods"] if n != "vanilla"))
+    for col, (p, t) in enumerate(panels, start=1):
+        for i, name in enumerate(names):
+            acc = (doc["side_by_side"][p][t]["methods"].get(name) or {}).get("depth_acceptance") or []
+            fig.add_scatter(x=list(range(1, len(acc) + 1)), y=acc, mode="lines+markers", name=name, legendgroup=name,
+                            line_color=qualitative.Plotly[i % len(qualitative.Plotly)], showlegend=col == 1,
+                            row=1, col=col)
+        fig.update_xaxes(title_text="draft depth", dtick=1, row=1, col=col)
+    fig.update_yaxes(title_text="acceptance", range=[0, 1], row=1, col=1)
+    fig.update_layout(title=f"Acceptance by depth at {doc['steps']} steps of equal training ({doc.get('device', '?')})",
+                      height=420, template="plotly_white")
+    with atomic_path(path) as tmp:
+        fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)
+
+
 def redraw(result_file: str | Path) -> None:
     """The .md table (and, for a method comparison, the .html charts) of a result JSON, drawn again."""
     path = Path(result_file)
@@ -107,3 +130,5 @@ def redraw(result_file: str | Path) -> None:
         charts(doc, path.with_suffix(".html"))
     if "equal_training" in doc:
         equal_training_charts(doc, path.with_suffix(".html"))
+    if "side_by_side" in doc:
+        side_by_side_chart(doc, path.with_suffix(".html"))

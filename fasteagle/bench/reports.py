@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import re
 import statistics
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 from fasteagle import trace
 from fasteagle.bench.timing import device_name
 from fasteagle.errors import FastEagleError
-from fasteagle.files import write_text
+from fasteagle.files import read_result, write_text
 from fasteagle.target import Target
 from fasteagle.verify import SamplingParams
 
@@ -168,6 +167,8 @@ def markdown_table(doc: dict) -> str:
         return _budget_curve_table(doc)
     if "equal_training" in doc:
         return _equal_training_table(doc)
+    if "side_by_side" in doc:
+        return _side_by_side_table(doc)
     if doc.get("profile"):
         from fasteagle.profile import markdown
 
@@ -238,6 +239,27 @@ def _depths(summary: dict, shown: int = 4) -> str:
     """A drafter's acceptance at each depth it reached (`trace.depth_rates`), the first `shown`; – for none."""
     rates = [r for r in (summary.get("depth_acceptance") or [])[:shown] if r is not None]
     return ", ".join(f"{r:.2f}" for r in rates) if rates else "–"
+
+
+def _side_by_side_table(doc: dict) -> str:
+    """A recipe's compare stage (`fasteagle.train.compare`): a row per prompt set, tree and drafter."""
+    head = (f"**{doc.get('device', '?')}**: every drafter at {doc['steps']} steps of equal training, decoded side by "
+            f"side in one run per prompt set and tree (each prompt {doc['repeats']} times by every method in turn; "
+            "speed-up: pooled tokens/s over vanilla's in the same run, ± the runs' spread)\n\n"
+            "| prompts | tree | drafter | nodes | tau | speed-up vs vanilla | acceptance by depth | draft ms "
+            "| identical |\n|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for p_label, trees in doc["side_by_side"].items():
+        for t_label, run in trees.items():
+            for name, m in run["methods"].items():
+                if name == "vanilla":
+                    continue
+                spread = f" ± {100 * m['spread']:.0f}%" if m.get("spread") is not None else ""
+                rows.append(f"| {p_label} ({run['prompts']}) | {t_label} | {name} | {m.get('tree_budget') or '–'} "
+                            f"| {m['tau']:.2f} | {m['speedup_vs_vanilla']:.2f}x{spread} "
+                            f"| {_depths(m)} | {m['draft_ms']:.1f} "
+                            f"| {m['identical_to_vanilla']}/{m['prompts']} |")
+    return head + "\n".join(rows) + "\n"
 
 
 def _verify_cost_table(doc: dict) -> str:
@@ -324,17 +346,6 @@ def _linears(d: dict) -> str:
 
 
 RESULT_BLOCK = re.compile(r"<!-- result: (\S+) -->\n.*?<!-- /result -->", re.S)
-
-
-def read_result(path: str | Path) -> dict:
-    """A result JSON, or a one-line error naming the file (a typo, a .md given for the .json)."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise FastEagleError(f"cannot read the result file {path}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise FastEagleError(f"{path} is not a bench result (a JSON object)")
-    return doc
 
 
 def result_block(document: str | Path, rel: str) -> str:

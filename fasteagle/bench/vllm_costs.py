@@ -41,6 +41,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fasteagle.errors import FastEagleError
+from fasteagle.files import read_result
 
 DECODE_TOKENS = 32  # M: new tokens of a timed call (its one-token call subtracted)
 PERIOD, REPEATS_IN_PROMPT = 16, 16  # a timed prompt's length: 256 tokens (two CPU blocks), +1
@@ -180,7 +181,6 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
 
     import torch
 
-    from fasteagle.bench.reports import read_result  # here: reports imports this module's table
     from fasteagle.bench.timing import device_name
     from fasteagle.draftbase import read_config
     from fasteagle.methods import canonical

@@ -23,8 +23,10 @@ goes on from its last checkpoint):
 5. eval     at each budget `fasteagle bench` on the saved drafters: the compared pair side by side
             at each one's `--tree auto` budget and at the paper's ~60-node tree, each other drafter
             (a depth ablation) beside vanilla (OUT/eval/*.json, each storing its own command);
-6. report   the curves as one result file with its Markdown table and Plotly charts (--report FILE);
-7. ship     only when asked (--stages ship): the drafters named in `ship`, at its budget, written
+6. compare  with `eval.side_by_side`, every drafter at one budget in the same bench runs, on each prompt
+            set and tree it names, then one table and one chart (fasteagle/train/compare.py);
+7. report   the curves as one result file with its Markdown table and Plotly charts (--report FILE);
+8. ship     only when asked (--stages ship): the drafters named in `ship`, at its budget, written
             where the repository keeps its drafters: weights, config, the settings they trained with,
             a holdout evaluation (teacher-forced on the target's greedy replies to ShareGPT holdout
             prompts) and a one-stage training log. The model card beside them is written by hand.
@@ -46,9 +48,11 @@ from pathlib import Path
 from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.fields import from_json
 from fasteagle.files import check_writable, write_text
+from fasteagle.train import compare
 from fasteagle.train import steps as step_recipes
+from fasteagle.train.compare import BenchRun, result_of, snapshot
 
-STAGES = ("prompts", "data", "tune", "train", "eval", "report", "ship")
+STAGES = ("prompts", "data", "tune", "train", "eval", "compare", "report", "ship")
 DEFAULT_STAGES = STAGES[:-1]  # ship writes into the repository's drafters: only when asked
 SNAPSHOT_FILES = ("model.safetensors", "config.json", "README.md", "history.json")
 
@@ -102,6 +106,7 @@ def load(path: str | Path) -> Recipe | step_recipes.StepRecipe:
                         or recipe.ship.get("steps") not in recipe.budgets):
         raise FastEagleError(f"recipe {path}: ship needs steps (one of its budgets) and to (drafter -> folder), "
                              f"not {recipe.ship}")
+    compare.spec(recipe)
     return recipe
 
 
@@ -140,6 +145,9 @@ def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str
                     train_to(recipe, target, out, name, steps)
     if "eval" in stages:
         evaluate(recipe, out)
+    if "compare" in stages and compare.spec(recipe):
+        compare.evaluate(recipe, out)
+        compare.report(recipe, out, _command())
     if "report" in stages:
         report(recipe, out, report_to)
     if "ship" in stages:
@@ -240,11 +248,6 @@ def tuned_lr(recipe: Recipe, out: Path, name: str) -> float | None:
     return next((chosen[n]["lr"] for n in [name, *same] if n in chosen), None)
 
 
-def snapshot(out: Path, name: str, steps: int) -> Path:
-    """Where drafter `name` is saved after `steps` optimizer steps."""
-    return out / name / f"at-{steps}"
-
-
 def train_to(recipe: Recipe, target, out: Path, name: str, steps: int) -> Path:
     """Drafter `name` trained to `steps` optimizer steps (on from its last checkpoint), its weights and
     config copied to OUT/<name>/at-<steps> once there."""
@@ -266,18 +269,6 @@ def train_to(recipe: Recipe, target, out: Path, name: str, steps: int) -> Path:
             shutil.copy2(run_dir / f, part / f)
     part.rename(snap)
     return snap
-
-
-@dataclass
-class BenchRun:
-    """One measurement of the eval stage: the drafters it runs (by recipe name, cascade first), at which
-    budget, on which tree ("auto" or "paper"), its bench arguments and its result file."""
-
-    result: Path
-    args: list[str]
-    names: list[str]
-    steps: int
-    tree: str
 
 
 def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
@@ -310,28 +301,18 @@ def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
 def evaluate(recipe: Recipe, out: Path) -> None:
     """Every bench run whose drafters are saved and whose result is not written yet, one process each."""
     for r in bench_runs(recipe, out):
-        if _result(r) is not None or not all((snapshot(out, n, r.steps) / "config.json").exists() for n in r.names):
+        if result_of(r) is not None or not all((snapshot(out, n, r.steps) / "config.json").exists() for n in r.names):
             continue
         cmd = [sys.executable, "-m", "fasteagle", "bench", *r.args, "--out", str(r.result)]
         print("eval:", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
 
 
-def _result(run: BenchRun) -> dict | None:
-    """A bench run's result, if it is on disk whole: a bench stopped early (the recipe interrupted) leaves
-    the prompts it measured, marked "partial", and the rerun measures them all again."""
-    try:
-        doc = json.loads(run.result.read_text())
-    except (OSError, ValueError):
-        return None
-    return None if "partial" in doc else doc
-
-
 def curves(recipe: Recipe, out: Path) -> dict:
     """The measured points: per drafter and budget, what it was trained on and what bench measured."""
     points: dict[str, list[dict]] = {name: [] for name in recipe.drafters}
     for r in bench_runs(recipe, out):
-        doc = _result(r)
+        doc = result_of(r)
         if doc is None:
             continue
         for name, method in zip(r.names, ("fasteagle", "eagle3")):
@@ -395,7 +376,7 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     from fasteagle.bench.plots import equal_training_charts
 
     points = curves(recipe, out)
-    measured = next((doc for doc in map(_result, bench_runs(recipe, out)) if doc is not None), None)
+    measured = next((doc for doc in map(result_of, bench_runs(recipe, out)) if doc is not None), None)
     if measured is None:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
     device = measured.get("device")

@@ -35,7 +35,12 @@ def write_recipe(tmp_path, tiny_dir, **over) -> tuple:  # noqa: F811
                      "eagle": {"drafter": "eagle3", "depth": 3},
                      "cascade-2": {"drafter": "fasteagle", "num_layers": 2, "budgets": [10]}},
         "pair": ["cascade", "eagle"], "budgets": [10, 20], "tune": {"lr": [0.001, 0.003], "steps": 10},
-        "eval": {"prompts": [str(evals)], "limit": 2, "max_new_tokens": 8, "paper_budget": 12},
+        "eval": {"prompts": [str(evals)], "limit": 2, "max_new_tokens": 8, "paper_budget": 12,
+                 "side_by_side": {"steps": 10, "repeats": 1, "max_new_tokens": 8,
+                                  "prompts": {"chat": {"files": [str(evals)], "limit": 2}},
+                                  "trees": {"chain": ["--tree-k", "1", "--tree-budget", "4"],
+                                            "paper": ["--tree-budget", "12"]},
+                                  "result": str(tmp_path / "side.json")}},
         "ship": {"steps": 20, "to": {"cascade": str(tmp_path / "ship" / "fe"), "eagle": str(tmp_path / "ship" / "e3")},
                  "holdout": 3},
     } | over
@@ -101,11 +106,27 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     assert "| cascade | 20 |" in table and "| eagle | 10 |" in table
     assert "cascade over eagle" in table and f"| {doc['head_to_head'][1]['speed_ratio']:.2f}x |" in table
     assert (tmp_path / "report.html").stat().st_size > 1000
+    # compare: every drafter at 10 steps in one run per prompt set and tree, under its recipe name
+    side = json.loads((tmp_path / "side.json").read_text())
+    assert list(side["side_by_side"]["chat"]) == ["chain", "paper"] and side["steps"] == 10
+    for tree, nodes in (("chain", 4), ("paper", 12)):
+        run = side["side_by_side"]["chat"][tree]
+        assert list(run["methods"]) == ["vanilla", "eagle", "cascade", "cascade-2"]
+        assert "--drafters cascade-2=" in run["command"] and "--repeats 1" in run["command"]
+        for m in ("eagle", "cascade", "cascade-2"):
+            measured = run["methods"][m]
+            assert measured["identical_to_vanilla"] == 2 and measured["tree_budget"] == nodes
+            assert measured["tau"] >= 1.0 and len(measured["depth_acceptance"]) >= 1
+    rows = (tmp_path / "side.md").read_text().splitlines()
+    assert sum(r.startswith("| chat (2) | chain |") for r in rows) == 3
+    assert any(r.startswith("| chat (2) | paper | cascade-2 | 12 |") and r.endswith("| 2/2 |") for r in rows)
+    assert (tmp_path / "side.html").stat().st_size > 1000
     # a rerun finds everything on disk: nothing is trained or measured again
     stamp = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.suffix in (".safetensors", ".json", ".pt")}
     capsys.readouterr()
-    assert recipe_mod.main([str(path), "--stages", "prompts,data,tune,train,eval"]) == 0
-    assert "eval:" not in capsys.readouterr().out
+    assert recipe_mod.main([str(path), "--stages", "prompts,data,tune,train,eval,compare"]) == 0
+    rerun = capsys.readouterr().out
+    assert "eval:" not in rerun and "compare:" not in rerun
     assert stamp == {p: p.stat().st_mtime_ns for p in stamp}
     # a bench the recipe's interruption cut short leaves a partial file: the rerun measures it again
     cut = out / "eval" / "pair-at-10.json"
@@ -138,6 +159,13 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     ({"drafters": {"cascade": {"num_layers": 0}, "eagle": {}}}, "num_layers"),
     ({"ship": {"steps": 15, "to": {"cascade": "x"}}}, "ship needs steps"),
     ({"ship": {"steps": 20, "to": {"lstm": "x"}}}, "ship needs steps"),
+    ({"eval": {"side_by_side": {"steps": 15, "prompts": {"a": {"files": ["x"]}}, "trees": {"t": []}}}},
+     "steps must be one of the budgets"),
+    ({"eval": {"side_by_side": {"steps": 10, "prompts": {"a": {"files": ["x"]}}, "trees": {}}}}, "trees must name"),
+    ({"eval": {"side_by_side": {"steps": 10, "prompts": {"A b": {"files": ["x"]}}, "trees": {"t": []}}}},
+     "label 'A b'"),
+    ({"eval": {"side_by_side": {"steps": 10, "prompts": {"a": {}}, "trees": {"t": []}}}}, "needs files"),
+    ({"eval": {"side_by_side": {"step": 10}}}, "unknown setting 'step'"),
 ])
 def test_a_bad_recipe_is_refused_before_anything_loads(tmp_path, tiny_dir, change, word, capsys):  # noqa: F811
     path, _ = write_recipe(tmp_path, tiny_dir, **change)

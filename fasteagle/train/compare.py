@@ -1,0 +1,169 @@
+"""The recipe's compare stage: every drafter of a recipe, at one budget, decoded side by side in the same
+bench runs (interleaved and repeated, each under its recipe name), on each prompt set and each tree that
+the recipe's `eval.side_by_side` names; then one table (tau, speed-up over vanilla with the runs' spread,
+acceptance by depth, draft ms) and one chart of acceptance against depth.
+
+    "side_by_side": {"steps": 600, "repeats": 3, "max_new_tokens": 64,
+                     "prompts": {"chat-code": {"files": [...], "limit": 6}, "tasks": {"files": [...], "limit": 2}},
+                     "trees": {"chain": ["--tree-k", "1", "--tree-budget", "7"], "auto": ["--tree", "auto"],
+                               "paper": ["--tree-budget", "60"]},
+                     "result": "bench/results/....json"}
+
+A chain of N drafts the way vLLM does (one token per depth); "auto" is each drafter's own best tree on
+this machine; "paper" the paper's ~60-node tree. The pair's cascade runs as bench's `fasteagle`, its
+EAGLE-3-style drafter as `eagle3`, every other drafter under its own name (`bench --drafters`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fasteagle.errors import FastEagleError
+from fasteagle.files import write_text
+
+SPEC_KEYS = {"steps", "repeats", "max_new_tokens", "prompts", "trees", "result"}
+
+
+def snapshot(out: Path, name: str, steps: int) -> Path:
+    """Where drafter `name` is saved after `steps` optimizer steps."""
+    return out / name / f"at-{steps}"
+
+
+@dataclass
+class BenchRun:
+    """One bench run of the eval or compare stage: the drafters it runs (by recipe name, cascade first), at
+    which budget, on which tree ("auto" or "paper"; compare: "<prompt set>/<tree>"), its bench arguments and
+    its result file."""
+
+    result: Path
+    args: list[str]
+    names: list[str]
+    steps: int
+    tree: str
+
+
+def result_of(run: BenchRun) -> dict | None:
+    """A bench run's result, if it is on disk whole: a bench stopped early (the recipe interrupted) leaves
+    the prompts it measured, marked "partial", and the rerun measures them all again."""
+    try:
+        doc = json.loads(run.result.read_text())
+    except (OSError, ValueError):
+        return None
+    return None if "partial" in doc else doc
+
+
+def spec(recipe) -> dict | None:
+    """The recipe's side-by-side settings, checked (None: the recipe has none)."""
+    s = recipe.eval.get("side_by_side")
+    if s is None:
+        return None
+    where = "recipe eval.side_by_side"
+    unknown = sorted(set(s) - SPEC_KEYS)
+    if unknown:
+        raise FastEagleError(f"{where}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(SPEC_KEYS))})")
+    if s.get("steps") not in {b for name in recipe.drafters for b in recipe.budgets_of(name)}:
+        raise FastEagleError(f"{where}: steps must be one of the budgets every drafter is saved at, not "
+                             f"{s.get('steps')!r}")
+    for key in ("prompts", "trees"):
+        if not isinstance(s.get(key), dict) or not s[key]:
+            raise FastEagleError(f"{where}: {key} must name at least one (label -> settings)")
+    for label in [*s["prompts"], *s["trees"]]:
+        if not re.fullmatch(r"[a-z0-9-]+", label):
+            raise FastEagleError(f"{where}: label {label!r} must be lower-case letters, digits and dashes")
+    for label, p in s["prompts"].items():
+        if not isinstance(p, dict) or not p.get("files"):
+            raise FastEagleError(f"{where}: prompts {label!r} needs files (and may give a limit)")
+    return s
+
+
+def labels(recipe) -> dict[str, str]:
+    """bench's method name -> recipe drafter name, in the table's order: the pair's EAGLE-3-style drafter,
+    its cascade, then every other drafter."""
+    cascade, eagle3 = recipe.pair
+    return {"eagle3": eagle3, "fasteagle": cascade} | {n: n for n in recipe.drafters if n not in recipe.pair}
+
+
+def runs(recipe, out: Path) -> list:
+    """One bench run per prompt set and tree, every drafter at the spec's steps in it beside vanilla."""
+    s = spec(recipe)
+    if s is None:
+        return []
+    steps, names = s["steps"], labels(recipe)
+    cascade, eagle3 = recipe.pair
+    snap = {n: str(snapshot(out, n, steps)) for n in recipe.drafters}
+    drafters = ["--drafter", snap[cascade], "--eagle3-drafter", snap[eagle3]]
+    others = [n for n in recipe.drafters if n not in recipe.pair]
+    if others:
+        drafters += ["--drafters", ",".join(f"{n}={snap[n]}" for n in others)]
+    methods = ["--methods", ",".join(["vanilla", *names])]
+    common = ["--max-new-tokens", str(s.get("max_new_tokens", 64)), "--repeats", str(s.get("repeats", 3))]
+    common += [a for key in ("target", "device") if recipe.train.get(key) for a in (f"--{key}", recipe.train[key])]
+    found = []
+    for p_label, p in s["prompts"].items():
+        chosen = ["--prompts", ",".join(p["files"])] + (["--limit", str(p["limit"])] if p.get("limit") else [])
+        for t_label, tree in s["trees"].items():
+            found.append(BenchRun(out / "compare" / f"{p_label}-{t_label}-at-{steps}.json",
+                                  chosen + [*map(str, tree)] + drafters + methods + common,
+                                  list(recipe.drafters), steps, f"{p_label}/{t_label}"))
+    return found
+
+
+def evaluate(recipe, out: Path) -> None:
+    """Every side-by-side run whose drafters are saved and whose result is not whole on disk, one process each."""
+    for r in runs(recipe, out):
+        if result_of(r) is not None or not all((snapshot(out, n, r.steps) / "config.json").exists() for n in r.names):
+            continue
+        cmd = [sys.executable, "-m", "fasteagle", "bench", *r.args, "--out", str(r.result)]
+        print("compare:", " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def collect(recipe, out: Path, command: str) -> dict:
+    """The side-by-side result document: per prompt set and tree, each drafter's measurement."""
+    s, names = spec(recipe), labels(recipe)
+    table, device = {}, None
+    for r in runs(recipe, out):
+        doc = result_of(r)
+        if doc is None:
+            continue
+        device = device or doc.get("device")
+        p_label, t_label = r.tree.split("/")
+        budgets = doc["settings"].get("tree_budget")
+        table.setdefault(p_label, {})[t_label] = {
+            "result": str(r.result), "command": doc.get("command"), "prompts": doc["methods"]["vanilla"]["prompts"],
+            "methods": {names.get(m, m): _measured(m, doc["methods"][m], budgets) for m in ["vanilla", *names]
+                        if m in doc["methods"]}}
+    if not table:
+        raise FastEagleError(f"nothing compared yet in {out / 'compare'}; run the compare stage first")
+    return {"side_by_side": table, "steps": s["steps"], "repeats": s.get("repeats", 3), "device": device,
+            "drafters": {n: recipe.settings(n) for n in recipe.drafters}, "about": recipe.eval.get("about", ""),
+            "command": command}
+
+
+def _measured(method: str, m: dict, budgets) -> dict:
+    keep = ("tau", "tokens_per_s", "speedup_vs_vanilla", "spread", "depth_acceptance", "draft_ms",
+            "identical_to_vanilla", "prompts")
+    return {k: m.get(k) for k in keep} | {"tree_budget": budgets.get(method) if isinstance(budgets, dict) else budgets}
+
+
+def report(recipe, out: Path, command: str) -> Path | None:
+    """The side-by-side document, its table and its chart (OUT/side-by-side.json, or the spec's result)."""
+    from fasteagle.bench.plots import side_by_side_chart
+    from fasteagle.bench.reports import markdown_table
+
+    s = spec(recipe)
+    if s is None:
+        return None
+    doc = collect(recipe, out, command)
+    path = Path(s.get("result") or out / "side-by-side.json")
+    write_text(path, json.dumps(doc, indent=2))
+    write_text(path.with_suffix(".md"), markdown_table(doc))
+    side_by_side_chart(doc, path.with_suffix(".html"))
+    print(markdown_table(doc))
+    print(f"wrote {path} (+ .md table, .html chart)")
+    return path
