@@ -135,6 +135,41 @@ def depth_counts(steps: Iterable[Step]) -> tuple[list[int], list[int]]:
     return reached, accepted
 
 
+def backbone(tree: Mapping) -> list[bool]:
+    """Per node of a tree dict: on its backbone, the chain a one-token-per-depth drafter drafts (the root,
+    and each backbone node's most probable child; the first of equals)."""
+    parents, probs = tree["parents"], tree["draft_probs"]
+    best: dict[int, int] = {}
+    for i, p in enumerate(parents):
+        if p >= 0 and (p not in best or probs[i] > probs[best[p]]):
+            best[p] = i
+    on = [False] * len(parents)
+    for i, p in enumerate(parents):  # parents come before their children
+        on[i] = p < 0 or (on[p] and best[p] == i)
+    return on
+
+
+def below_counts(steps: Iterable[Step]) -> tuple[list[int], list[int]]:
+    """[on the backbone, off it]: accepted draft nodes whose children the verifier judged, and of those,
+    how many had a child accepted. Off the backbone, a cascade's deeper layers drafted for a parent
+    token they did not see (a token-conditioned cascade reads only the backbone's tokens)."""
+    judged, accepted = [0, 0], [0, 0]
+    for s in steps:
+        tree, status, path = _get(s, "tree"), _get(s, "status"), _get(s, "path")
+        if not tree or not status or not path:
+            continue
+        on = backbone(tree)
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(tree["parents"]):
+            kids.setdefault(p, []).append(i)
+        for n in path[1:]:
+            seen = [status[c] for c in kids.get(n, []) if status[c] in (ACCEPTED, REJECTED)]
+            if seen:
+                judged[not on[n]] += 1
+                accepted[not on[n]] += ACCEPTED in seen
+    return judged, accepted
+
+
 def depth_rates(reached: Sequence[int], accepted: Sequence[int]) -> list[float | None]:
     """Per depth, the share of the steps that judged a depth-d node that accepted one (the
     conditional acceptance rate of depth d); None for a depth no step reached."""

@@ -170,3 +170,21 @@ def test_trace_and_viz_import_without_torch():
             "assert viz.VERDICTS and fasteagle.trace.tau(4, 2) == 2.0")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_below_counts_split_judged_children_by_a_backbone_or_side_parent():
+    from fasteagle.trace import ACCEPTED as A
+    from fasteagle.trace import NEVER_REACHED as N
+    from fasteagle.trace import REJECTED as R
+    from fasteagle.trace import backbone, below_counts
+
+    #        0 ─┬─ 1 (.6) ─┬─ 3 (.5)        backbone: 0, 1, 3 (each parent's most probable child)
+    #           │          └─ 5 (.1)
+    #           └─ 2 (.3) ─── 4 (.2)
+    tree = {"parents": [-1, 0, 0, 1, 2, 1], "draft_probs": [1, .6, .3, .5, .2, .1], "depths": [0, 1, 1, 2, 2, 2]}
+    assert backbone(tree) == [True, True, False, True, False, False]
+    side = {"tree": tree, "status": [A, R, A, N, A, N], "path": [0, 2, 4]}  # below side node 2: 4 accepted
+    spine = {"tree": tree, "status": [A, A, N, R, N, R], "path": [0, 1]}  # below backbone node 1: both rejected
+    leaf = {"tree": tree, "status": [A, A, N, A, N, N], "path": [0, 1, 3]}  # 3 has no children: judged below 1 only
+    assert below_counts([side, spine, leaf]) == ([2, 1], [1, 1])
+    assert below_counts([{"tree": None, "status": [], "path": []}]) == ([0, 0], [0, 0])

@@ -47,6 +47,11 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
             reached = _sum_ragged([r["depth_reached"] for r in rs])
             accepted = _sum_ragged([r["depth_accepted"] for r in rs])
             s["depth_acceptance"] = [None if v is None else round(v, 3) for v in trace.depth_rates(reached, accepted)]
+            if all("below_judged" in r for r in rs):  # after an accepted backbone node, and after a side node
+                judged = _sum_ragged([r["below_judged"] for r in rs])
+                hits = _sum_ragged([r["below_accepted"] for r in rs])
+                s["acceptance_below_backbone"], s["acceptance_below_side"] = (
+                    None if v is None else round(v, 3) for v in trace.depth_rates(judged, hits))
         peaks = [r["peak_mb"] for r in rs if r["peak_mb"] is not None]
         s["peak_mb"] = max(peaks) if peaks else None
         if "vanilla" in rows and sampling.greedy:
@@ -246,8 +251,8 @@ def _side_by_side_table(doc: dict) -> str:
     head = (f"**{doc.get('device', '?')}**: every drafter at {doc['steps']} steps of equal training, decoded side by "
             f"side in one run per prompt set and tree (each prompt {doc['repeats']} times by every method in turn; "
             "speed-up: pooled tokens/s over vanilla's in the same run, ± the runs' spread)\n\n"
-            "| prompts | tree | drafter | nodes | tau | speed-up vs vanilla | acceptance by depth | draft ms "
-            "| identical |\n|---|---|---|---|---|---|---|---|---|\n")
+            "| prompts | tree | drafter | nodes | tau | speed-up vs vanilla | acceptance by depth "
+            "| below a backbone / side node | draft ms | identical |\n|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for p_label, trees in doc["side_by_side"].items():
         for t_label, run in trees.items():
@@ -257,9 +262,14 @@ def _side_by_side_table(doc: dict) -> str:
                 spread = f" ± {100 * m['spread']:.0f}%" if m.get("spread") is not None else ""
                 rows.append(f"| {p_label} ({run['prompts']}) | {t_label} | {name} | {m.get('tree_budget') or '–'} "
                             f"| {m['tau']:.2f} | {m['speedup_vs_vanilla']:.2f}x{spread} "
-                            f"| {_depths(m)} | {m['draft_ms']:.1f} "
+                            f"| {_depths(m)} | {_shown(m.get('acceptance_below_backbone'))} / "
+                            f"{_shown(m.get('acceptance_below_side'))} | {m['draft_ms']:.1f} "
                             f"| {m['identical_to_vanilla']}/{m['prompts']} |")
     return head + "\n".join(rows) + "\n"
+
+
+def _shown(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def _verify_cost_table(doc: dict) -> str:

@@ -36,12 +36,14 @@ def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: i
     wall = time.perf_counter() - t0
     steps = trace.decode_steps(traces)
     reached, accepted = trace.depth_counts(steps)
+    below_judged, below_accepted = trace.below_counts(steps)
     return {"tokens": [t for tr in traces for t in tr.tokens], "wall_s": wall, "forwards": traces[-1].forwards,
             "steps": len(steps),
             "draft_ms": statistics.fmean([s.draft_ms for s in steps]) if steps else 0.0,
             "verify_ms": statistics.fmean([s.verify_ms for s in steps]) if steps else 0.0,
             "accepted_lengths": trace.step_lengths(steps),  # the schema's name: tokens per step, bonus included
-            "depth_reached": reached, "depth_accepted": accepted, "peak_mb": _peak_mb(dev)}
+            "depth_reached": reached, "depth_accepted": accepted, "below_judged": below_judged,
+            "below_accepted": below_accepted, "peak_mb": _peak_mb(dev)}
 
 
 def _time_hf(target: Target, ids: torch.Tensor, max_new: int, sampling: SamplingParams, seed: int,

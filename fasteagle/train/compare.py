@@ -1,7 +1,7 @@
 """The recipe's compare stage: every drafter of a recipe, at one budget, decoded side by side in the same
 bench runs (interleaved and repeated, each under its recipe name), on each prompt set and each tree that
 the recipe's `eval.side_by_side` names; then one table (tau, speed-up over vanilla with the runs' spread,
-acceptance by depth, draft ms) and one chart of acceptance against depth.
+acceptance by depth and below backbone and side nodes, draft ms) and one chart of acceptance against depth.
 
     "side_by_side": {"steps": 600, "repeats": 3, "max_new_tokens": 64,
                      "prompts": {"chat-code": {"files": [...], "limit": 6}, "tasks": {"files": [...], "limit": 2}},
@@ -146,8 +146,8 @@ def collect(recipe, out: Path, command: str) -> dict:
 
 
 def _measured(method: str, m: dict, budgets) -> dict:
-    keep = ("tau", "tokens_per_s", "speedup_vs_vanilla", "spread", "depth_acceptance", "draft_ms",
-            "identical_to_vanilla", "prompts")
+    keep = ("tau", "tokens_per_s", "speedup_vs_vanilla", "spread", "depth_acceptance", "acceptance_below_backbone",
+            "acceptance_below_side", "draft_ms", "identical_to_vanilla", "prompts")
     return {k: m.get(k) for k in keep} | {"tree_budget": budgets.get(method) if isinstance(budgets, dict) else budgets}
 
 
