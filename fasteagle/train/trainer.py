@@ -70,6 +70,8 @@ class TrainConfig:
     feature_dir: str | None = None
     reuse_features: bool = False  # train on the shards already in feature_dir (same data, same teacher pass)
     extra_features: list[str] = field(default_factory=list)  # more shard dirs to train on (e.g. raw ShareGPT)
+    shard_fraction: float = 1.0  # train on this share of feature_dir's shards, a draw by `seed` (data-scaling
+    # tests); the extra_features folders stay whole
     extra_data: list[str] = field(default_factory=list)  # more token datasets to train on (e.g. a distilled.pt)
     init_from: str | None = None  # continue from a trained drafter directory (weights and draft vocab)
     drafter: str = "fasteagle"  # "fasteagle" (the cascade) or "eagle3" (one layer, training-time test)
@@ -129,6 +131,8 @@ class TrainConfig:
                 refuse(name, rule)
         if not self.seed < 2**63:
             refuse("seed", "below 2**63")
+        if self.shard_fraction > 1:
+            refuse("shard_fraction", "above 0 and at most 1")
         for name, choices in _CHOICES.items():
             if values[name] not in choices:
                 refuse(name, " or ".join(choices))
@@ -145,7 +149,7 @@ _AT_LEAST_1 = ("max_len", "prompt_tail", "num_layers", "depth", "intermediate", 
                "checkpoint_every", "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit")
 _AT_LEAST_0 = ("skip", "draft_vocab", "loss_vocab", "micro_batch", "warmup", "distill_sample_every",
                "eval_sequences", "seed", "weight_decay", "lr")  # lr 0: evaluate a drafter as it is
-_ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard_mb")
+_ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard_mb", "shard_fraction")
 _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") for n in _AT_LEAST_0}
            | {n: (0, "above 0") for n in _ABOVE_0})
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
@@ -390,6 +394,10 @@ def feature_shards(run: Run, train_data: dict | None) -> dict[Path, list[Path]]:
         cache_features(run.model, train_data, run.fdir, run.dcfg.feature_layers, cfg.batch_tokens, cfg.topk)
     dirs = [run.fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
     shards_by_dir = {d: sorted(d.glob("shard-*.pt")) for d in dirs}
+    if dirs and cfg.shard_fraction < 1:  # a seeded draw, not the first ones: the shards are sorted by length
+        mine = shards_by_dir[run.fdir]
+        keep = torch.randperm(len(mine), generator=torch.Generator().manual_seed(cfg.seed))
+        shards_by_dir[run.fdir] = [mine[i] for i in sorted(keep[:math.ceil(cfg.shard_fraction * len(mine))].tolist())]
     for d in dirs[1:]:
         if not shards_by_dir[d]:
             raise FastEagleError(f"no feature shards in {d} (extra_features)")

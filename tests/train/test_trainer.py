@@ -346,3 +346,29 @@ def test_add_data_trains_on_several_token_datasets_and_distillation_sampling_is_
     with pytest.raises(FastEagleError, match="add-features"):
         train(TrainConfig(out=str(tmp_path / "c"), data=str(tmp_path / "a.pt"), distill=True, features="cache",
                           extra_data=[str(tmp_path / "b.pt")], **kw), target=tiny)
+
+
+def test_shard_fraction_draws_a_seeded_share_of_the_data_shards_and_keeps_extra_folders_whole(tmp_path):
+    from types import SimpleNamespace
+
+    from fasteagle.train.trainer import feature_shards
+
+    mine, extra = tmp_path / "data", tmp_path / "written"
+    for folder, n in ((mine, 8), (extra, 3)):
+        folder.mkdir()
+        for i in range(n):
+            (folder / f"shard-{i:05d}.pt").write_bytes(b"")
+
+    def drawn(fraction: float, seed: int) -> dict:
+        cfg = TrainConfig(out=str(tmp_path), features="cache", extra_features=[str(extra)], shard_fraction=fraction,
+                          seed=seed)
+        return feature_shards(SimpleNamespace(cfg=cfg, fdir=mine), None)
+
+    half = drawn(0.5, 0)
+    assert len(half[mine]) == 4 and half[mine] == sorted(half[mine]) and len(half[extra]) == 3
+    assert half == drawn(0.5, 0) and set(drawn(0.25, 0)[mine]) <= set(mine.glob("shard-*.pt"))
+    assert len(drawn(0.25, 0)[mine]) == 2 and len(drawn(1.0, 0)[mine]) == 8
+    assert {tuple(drawn(0.5, s)[mine]) for s in range(6)} != {tuple(half[mine])}  # another seed, another draw
+    for bad in (0.0, 1.5):
+        with pytest.raises(FastEagleError, match="shard_fraction"):
+            TrainConfig(out=str(tmp_path), shard_fraction=bad).check()
