@@ -252,7 +252,8 @@ def _side_by_side_table(doc: dict) -> str:
             f"side in one run per prompt set and tree (each prompt {doc['repeats']} times by every method in turn; "
             "speed-up: pooled tokens/s over vanilla's in the same run, ± the runs' spread)\n\n"
             "| prompts | tree | drafter | nodes | tau | speed-up vs vanilla | acceptance by depth "
-            "| below a backbone / side node | draft ms | identical |\n|---|---|---|---|---|---|---|---|---|---|\n")
+            "| below a backbone / side node | draft ms | identical | tau by kind |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for p_label, trees in doc["side_by_side"].items():
         for t_label, run in trees.items():
@@ -264,7 +265,8 @@ def _side_by_side_table(doc: dict) -> str:
                             f"| {m['tau']:.2f} | {m['speedup_vs_vanilla']:.2f}x{spread} "
                             f"| {_depths(m)} | {_shown(m.get('acceptance_below_backbone'))} / "
                             f"{_shown(m.get('acceptance_below_side'))} | {m['draft_ms']:.1f} "
-                            f"| {m['identical_to_vanilla']}/{m['prompts']} |")
+                            f"| {m['identical_to_vanilla']}/{m['prompts']} "
+                            f"| {', '.join(f'{k} {t:.2f}' for k, t in (m.get('tau_by_kind') or {}).items()) or '–'} |")
     return head + "\n".join(rows) + "\n"
 
 

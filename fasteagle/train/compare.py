@@ -11,7 +11,8 @@ acceptance by depth and below backbone and side nodes, draft ms) and one chart o
 
 A chain of N drafts the way vLLM does (one token per depth); "auto" is each drafter's own best tree on
 this machine; "paper" the paper's ~60-node tree. The pair's cascade runs as bench's `fasteagle`, its
-EAGLE-3-style drafter as `eagle3`, every other drafter under its own name (`bench --drafters`).
+EAGLE-3-style drafter (if the pair's second is one) as `eagle3`, every other drafter under its own name
+(`bench --drafters`).
 """
 
 from __future__ import annotations
@@ -82,10 +83,12 @@ def spec(recipe) -> dict | None:
 
 
 def labels(recipe) -> dict[str, str]:
-    """bench's method name -> recipe drafter name, in the table's order: the pair's EAGLE-3-style drafter,
-    its cascade, then every other drafter."""
-    cascade, eagle3 = recipe.pair
-    return {"eagle3": eagle3, "fasteagle": cascade} | {n: n for n in recipe.drafters if n not in recipe.pair}
+    """bench's method name -> recipe drafter name, in the table's order: the pair's EAGLE-3-style drafter
+    (when the pair's second is one), its cascade, then every other drafter under its own name."""
+    cascade, second = recipe.pair
+    eagle3 = {"eagle3": second} if recipe.settings(second).get("drafter") == "eagle3" else {}
+    paired = {cascade, *eagle3.values()}
+    return eagle3 | {"fasteagle": cascade} | {n: n for n in recipe.drafters if n not in paired}
 
 
 def runs(recipe, out: Path) -> list:
@@ -94,10 +97,11 @@ def runs(recipe, out: Path) -> list:
     if s is None:
         return []
     steps, names = s["steps"], labels(recipe)
-    cascade, eagle3 = recipe.pair
     snap = {n: str(snapshot(out, n, steps)) for n in recipe.drafters}
-    drafters = ["--drafter", snap[cascade], "--eagle3-drafter", snap[eagle3]]
-    others = [n for n in recipe.drafters if n not in recipe.pair]
+    drafters = ["--drafter", snap[names["fasteagle"]]]
+    if "eagle3" in names:
+        drafters += ["--eagle3-drafter", snap[names["eagle3"]]]
+    others = [n for m, n in names.items() if m not in ("eagle3", "fasteagle")]
     if others:
         drafters += ["--drafters", ",".join(f"{n}={snap[n]}" for n in others)]
     methods = ["--methods", ",".join(["vanilla", *names])]
@@ -136,7 +140,7 @@ def collect(recipe, out: Path, command: str) -> dict:
         budgets = doc["settings"].get("tree_budget")
         table.setdefault(p_label, {})[t_label] = {
             "result": str(r.result), "command": doc.get("command"), "prompts": doc["methods"]["vanilla"]["prompts"],
-            "methods": {names.get(m, m): _measured(m, doc["methods"][m], budgets) for m in ["vanilla", *names]
+            "methods": {names.get(m, m): _measured(m, doc, budgets) for m in ["vanilla", *names]
                         if m in doc["methods"]}}
     if not table:
         raise FastEagleError(f"nothing compared yet in {out / 'compare'}; run the compare stage first")
@@ -145,10 +149,14 @@ def collect(recipe, out: Path, command: str) -> dict:
             "command": command}
 
 
-def _measured(method: str, m: dict, budgets) -> dict:
+def _measured(method: str, doc: dict, budgets) -> dict:
+    """What the table shows of one method in one bench result, and its tau in each kind of prompt."""
+    m, kinds = doc["methods"][method], doc.get("per_category") or {}
     keep = ("tau", "tokens_per_s", "speedup_vs_vanilla", "spread", "depth_acceptance", "acceptance_below_backbone",
             "acceptance_below_side", "draft_ms", "identical_to_vanilla", "prompts")
-    return {k: m.get(k) for k in keep} | {"tree_budget": budgets.get(method) if isinstance(budgets, dict) else budgets}
+    return {k: m.get(k) for k in keep} | {"tree_budget": budgets.get(method) if isinstance(budgets, dict) else budgets,
+                                          "tau_by_kind": {k: v[method].get("tau") for k, v in kinds.items()
+                                                          if method in v}}
 
 
 def report(recipe, out: Path, command: str) -> Path | None:

@@ -71,6 +71,7 @@ class Recipe:
     written: int = 0  # ShareGPT train conversations as written, besides the self-distilled replies
     ship: dict = field(default_factory=dict)  # {"steps": n, "to": {drafter: folder}, "holdout": prompts}
     out: str = ""  # where it all goes (default: runs/<the recipe file's name>)
+    data_from: str = ""  # another recipe's out folder: train on its prompts, replies and shards (its data done)
 
     def budgets_of(self, name: str) -> list[int]:
         return sorted(self.drafters[name].get("budgets", self.budgets))
@@ -125,6 +126,10 @@ def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str
     if "ship" in stages and not recipe.ship:
         raise FastEagleError("this recipe has no ship section: nothing to ship "
                              "(see assets/recipes/equal-training.json)")
+    done = Path(recipe.data_from) / "data" / "done.json" if recipe.data_from else None
+    if done and {"tune", "train"} & set(stages) and not done.exists():
+        raise FastEagleError(f"data_from {recipe.data_from} has no finished data stage (data/done.json): "
+                             "run that recipe's prompts and data stages first")
     out = check_writable(recipe.out, "the recipe's out folder", directory=True)
     target = None
     if {"prompts", "data", "tune", "train", "ship"} & set(stages):
@@ -132,10 +137,11 @@ def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str
 
         target = load_target(recipe.train.get("target"), device=recipe.train.get("device"),
                              dtype=recipe.train.get("dtype"))
-    if "prompts" in stages:
-        build_prompts(recipe, target, out / "prompts.pt")
-    if "data" in stages:
-        distill(recipe, target, out)
+    if not recipe.data_from:  # else another recipe's prompts and data stages made the data
+        if "prompts" in stages:
+            build_prompts(recipe, target, out / "prompts.pt")
+        if "data" in stages:
+            distill(recipe, target, out)
     if "tune" in stages:
         tune(recipe, target, out)
     if "train" in stages:  # budget by budget, so that each pair is complete (and can be measured) early
@@ -167,9 +173,11 @@ def build_prompts(recipe: Recipe, target, path: Path) -> None:
 
 
 def config(recipe: Recipe, name: str | None, root: Path, **more):
-    """The TrainConfig of one run: the data stage (`name` None) or drafter `name` on the shared shards."""
+    """The TrainConfig of one run: the data stage (`name` None) or drafter `name` on the shared shards (in
+    `root`, or in `data_from`'s folder)."""
     from fasteagle.train.trainer import TrainConfig
 
+    root = data_root(recipe, root)
     shared = {"data": str(root / "prompts.pt"), "features": "cache", "feature_dir": str(root / "data" / "features"),
               "distill": True, "eval_initial": False, "schedule": "constant",
               "extra_features": [str(root / "written" / "features")] if recipe.written else []}
@@ -380,7 +388,7 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     if measured is None:
         raise FastEagleError(f"nothing measured yet in {out / 'eval'}; run the eval stage first")
     device = measured.get("device")
-    data = shard_data(out)
+    data = shard_data(data_root(recipe, out))
     doc = {"equal_training": points, "pair": recipe.pair, "head_to_head": head_to_head(points, recipe.pair),
            "recipe": dataclasses.asdict(recipe), "data": data,
            "tune": tuned(out), "device": device, "command": _command()}
@@ -408,7 +416,7 @@ def ship(recipe: Recipe, target, out: Path) -> None:
         check_writable(folder, f"the folder {name} ships to", directory=True)
     shared = config(recipe, None, out, out=str(out))  # the settings every drafter shares, defaults filled in
     holdout = holdout_replies(shared, target, out, n)
-    data = shard_data(out)
+    data = shard_data(data_root(recipe, out))
     for name, folder in recipe.ship["to"].items():
         snap = snapshot(out, name, steps)
         drafter = load_drafter(snap).attach(target.model)
@@ -455,6 +463,11 @@ def holdout_replies(cfg, target, out: Path, n: int) -> dict:
                           lambda: data_mod.build_token_dataset(target.tokenizer, "holdout", cfg.max_len,
                                                                limit=n)["prompt_ids"][:n],
                           cfg, out / "holdout_distilled.pt")
+
+
+def data_root(recipe: Recipe, out: Path) -> Path:
+    """The folder holding the prompts, replies and shards the drafters train on."""
+    return Path(recipe.data_from) if recipe.data_from else out
 
 
 def shard_data(out: Path) -> dict:
