@@ -247,13 +247,11 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     """Write an attached cascade as a checkpoint for the vLLM plugin (`fasteagle.vllm_cascade`): the EAGLE-3
     format's names where they mean the same (fc over the target features, layers.i, lm_head, d2t), plus
     `embed_fc` (the fc's columns over the token embedding), `norms.i` (each depth's final norm), `proj`
-    (if narrower than the target) and `mask_hidden` (zeros) with `mask_token_id`: vLLM's parallel drafting."""
+    (if narrower than the target), `mask_hidden` (zeros) with `mask_token_id`: vLLM's parallel drafting, and for a
+    token-conditioned cascade `tok_fc.i` with `token_conditioned` in the config."""
     from fasteagle.vllm_plugin import ARCHITECTURE
 
     cfg = drafter.cfg
-    if cfg.token_conditioned:
-        raise FastEagleError("a token-conditioned cascade has no vLLM form yet: its layers read the LM head's "
-                             "top-1 inside the forward, which the plugin's model does not compute")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     feats = len(cfg.feature_layers) * cfg.target_hidden
@@ -263,7 +261,7 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     _write_weights(drafter, out, state)
     config = _config(cfg, ARCHITECTURE, drafter.vocab_ids.numel(), target_name) | {
         "mask_token_id": 0,  # any id: a mask row is also known by its zero hidden state (vllm_cascade)
-        "fasteagle_kind": "fasteagle"}
+        "fasteagle_kind": "fasteagle"} | ({"token_conditioned": True} if cfg.token_conditioned else {})
     write_text(out / "config.json", json.dumps(config, indent=2))
     return out
 

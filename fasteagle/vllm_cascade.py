@@ -12,6 +12,10 @@ row. So one forward yields depths 1..k, as in our own engine's chain.
 Mask rows are the ones vLLM fills with the mask token and `combine_hidden_states(mask_hidden)`,
 which is exactly zero here (mask_hidden is zeros and `fc` has no bias): a real row never is.
 
+A token-conditioned cascade (`token_conditioned` in its config) adds, before layer i+1, `tok_fc.i` of the
+target's embedding of depth i's top-1 draft at that row: depth i's norm, the draft head's argmax, d2t
+to the target's id, as our engine's `CascadedDrafter.hidden` does. It is still one forward.
+
 vLLM imports this module only through `fasteagle.vllm_plugin`; `python -m fasteagle export` writes
 the checkpoint it loads (`fasteagle.eagle3_format.export`).
 """
@@ -72,6 +76,11 @@ class CascadeModel(nn.Module):
         self.proj = None if width == target else ReplicatedLinear(
             width, target, bias=False, quant_config=quant, prefix=maybe_prefix(prefix, "proj"), return_bias=False)
         self.eps = cfg.rms_norm_eps
+        self.tok_fc = nn.ModuleList(
+            ReplicatedLinear(target, width, bias=False, quant_config=quant, prefix=maybe_prefix(prefix, f"tok_fc.{i}"),
+                             return_bias=False)
+            for i in range(cfg.num_hidden_layers - 1)) if getattr(cfg, "token_conditioned", False) else None
+        self.top_token = None  # token-conditioned: hidden (T, W) at depth i -> target ids (T,), set by the model
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -81,9 +90,11 @@ class CascadeModel(nn.Module):
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
         x, residual, outs = hidden_states + self.embed_fc(inputs_embeds), None, []  # = our fc(cat(g, embed))
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x, residual = layer(positions, x, residual)
             outs.append(x + residual)  # the layer's output (vLLM keeps the residual add for the next norm)
+            if self.tok_fc is not None and i + 1 < len(self.layers):  # + T_i(embed(top-1 of depth i))
+                x = x + self.tok_fc[i](self.embed_tokens(self.top_token(outs[-1], i)))
         stack = torch.stack(outs)  # (N, T, W)
         idx = torch.arange(stack.shape[1], device=stack.device)
         is_mask = (hidden_states == 0).all(-1)
@@ -91,12 +102,13 @@ class CascadeModel(nn.Module):
             is_mask &= input_ids == self.mask_token_id
         anchor = torch.cummax(torch.where(is_mask, 0, idx), 0).values  # the last real row at or before each row
         depth = (idx - anchor).clamp(max=stack.shape[0] - 1)  # 0-based: 0 on real rows, j on the j-th mask row
-        h = stack[depth, anchor].float()  # (T, W)
-        weight = torch.stack([n.weight for n in self.norms])[depth].float()
-        z = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * weight).to(stack.dtype)
-        if self.proj is not None:
-            z = self.proj(z)
+        z = self.depth_head_input(stack[depth, anchor], torch.stack([n.weight for n in self.norms])[depth])
         return z, z
+
+    def depth_head_input(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """What the draft head reads of outputs h (T, W): each row's depth norm (weight (T, W) or (W,)), then proj."""
+        z = (h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + self.eps) * weight.float()).to(h.dtype)
+        return z if self.proj is None else self.proj(z)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return AutoWeightsLoader(self).load_weights(weights, mapper=self.stacked)
@@ -123,7 +135,14 @@ class FastEagleCascadeForCausalLMEagle3(Eagle3LlamaForCausalLM):
         self.draft_id_to_target_id = None if draft_vocab == vllm_config.model_config.get_vocab_size() else \
             nn.Parameter(torch.zeros(draft_vocab, dtype=torch.long), requires_grad=False)
         self.use_parallel_drafting = True
+        self.model.top_token = self.top_token
         self.register_buffer("mask_hidden", torch.zeros(1, self.model.fc_input_size), persistent=False)
+
+    def top_token(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        """The target's id of depth i+1's top-1 draft from layer i's output h (T, W) (0-based i)."""
+        z = self.model.depth_head_input(h, self.model.norms[i].weight)
+        ids = torch.nn.functional.linear(z, self.lm_head.weight[:self.config.draft_vocab_size]).argmax(-1)  # no padding
+        return ids if self.draft_id_to_target_id is None else ids + self.draft_id_to_target_id[ids]
 
     def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.fc(hidden_states)

@@ -57,6 +57,39 @@ def test_vllm_accepts_what_ours_accepts_position_by_position(engines, method):
     assert ours["per_position"][0] > 0.1, "a trained drafter accepts; else the comparison says nothing"
 
 
+def test_a_token_conditioned_cascade_drafts_in_vllm_what_it_drafts_in_ours(smollm, tmp_path):
+    """The shipped cascade made token-conditioned, each `tok_fc` a random map large enough to scramble every
+    draft past depth 1, runs in vLLM's one forward as in ours: same outputs, same acceptance at each chain
+    position. Unconditioned, this drafter accepts about 0.47, 0.20 and 0.09 at positions 1-3 in both engines
+    (bench/results/cpu-smollm2-135m-vllm-engines-2026-11-29.json): an engine that skipped the conditioning
+    would keep ~0.2 at position 2 where the other falls to almost nothing."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from fasteagle.methods import DEFAULT_DRAFTER
+
+    folder = tmp_path / "conditioned"
+    shutil.copytree(DEFAULT_DRAFTER, folder)
+    cfg = json.loads((folder / "config.json").read_text()) | {"token_conditioned": True}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    state = load_file(folder / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for i in range(cfg["num_layers"] - 1):  # std 50: ~the norm of the cascade's residual stream (~5000)
+        state[f"tok_fc.{i}.weight"] = (torch.randn(cfg["width"], cfg["target_hidden"], generator=g) * 50.0).half()
+    save_file(state, folder / "model.safetensors")
+    texts = [p["text"] for p in load_prompts(ROOT / "assets" / "prompts" / "sharegpt_holdout.jsonl", PROMPTS)]
+    got = compare_engines(smollm, Settings(drafter=folder), ["vanilla", "fasteagle"], texts, K, TOKENS, [1],
+                          None, None)["methods"]["fasteagle"]
+    ours, theirs = got["ours"], got["vllm"]
+    assert ours["identical"] == theirs["identical"] == PROMPTS
+    for i, (a, b) in enumerate(zip(ours["per_position"], theirs["per_position"]), start=1):
+        assert abs(a - b) <= 0.03, f"position {i}: ours {a:.3f}, vLLM {b:.3f}"
+    assert ours["per_position"][0] > 0.3 and ours["per_position"][1] < 0.08  # depth 1 intact, depth 2 scrambled
+
+
 @pytest.mark.parametrize("method", ["eagle3", "fasteagle-equal"])
 def test_trace_files_hold_what_vllm_counted(engines, traces, method):
     """`--traces`: each prompt's vLLM decode as an app trace file; over the files, the accepted drafts per
