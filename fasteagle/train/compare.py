@@ -64,10 +64,12 @@ def spec(recipe) -> dict | None:
     if s is None:
         return None
     where = "recipe eval.side_by_side"
+    if not isinstance(s, dict):
+        raise FastEagleError(f"{where} must be an object of settings ({', '.join(sorted(SPEC_KEYS))})")
     unknown = sorted(set(s) - SPEC_KEYS)
     if unknown:
         raise FastEagleError(f"{where}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(SPEC_KEYS))})")
-    if s.get("steps") not in {b for name in recipe.drafters for b in recipe.budgets_of(name)}:
+    if not all(s.get("steps") in recipe.budgets_of(name) for name in recipe.drafters):
         raise FastEagleError(f"{where}: steps must be one of the budgets every drafter is saved at, not "
                              f"{s.get('steps')!r}")
     for key in ("prompts", "trees"):

@@ -185,6 +185,9 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
      "label 'A b'"),
     ({"eval": {"side_by_side": {"steps": 10, "prompts": {"a": {}}, "trees": {"t": []}}}}, "needs files"),
     ({"eval": {"side_by_side": {"step": 10}}}, "unknown setting 'step'"),
+    ({"eval": {"side_by_side": {"steps": 20, "prompts": {"a": {"files": ["x"]}}, "trees": {"t": []}}}},
+     "steps must be one of the budgets"),  # cascade-2 is saved at 10 steps only
+    ({"eval": {"side_by_side": ["chain"]}}, "must be an object"),
 ])
 def test_a_bad_recipe_is_refused_before_anything_loads(tmp_path, tiny_dir, change, word, capsys):  # noqa: F811
     path, _ = write_recipe(tmp_path, tiny_dir, **change)
