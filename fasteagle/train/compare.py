@@ -147,8 +147,7 @@ def collect(recipe, out: Path, command: str) -> dict:
     if not table:
         raise FastEagleError(f"nothing compared yet in {out / 'compare'}; run the compare stage first")
     return {"side_by_side": table, "steps": s["steps"], "repeats": s.get("repeats", 3), "device": device,
-            "drafters": {n: recipe.settings(n) for n in recipe.drafters}, "about": recipe.eval.get("about", ""),
-            "command": command}
+            "drafters": {n: recipe.settings(n) for n in recipe.drafters}, "command": command}
 
 
 def _measured(method: str, doc: dict, budgets) -> dict:
