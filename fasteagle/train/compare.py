@@ -119,14 +119,20 @@ def runs(recipe, out: Path) -> list:
     return found
 
 
-def evaluate(recipe, out: Path) -> None:
-    """Every side-by-side run whose drafters are saved and whose result is not whole on disk, one process each."""
-    for r in runs(recipe, out):
+def run_benches(found: list[BenchRun], out: Path, stage: str) -> None:
+    """Every run of `found` whose drafters are saved and whose result is not whole on disk, one bench process
+    each (the eval and compare stages)."""
+    for r in found:
         if result_of(r) is not None or not all((snapshot(out, n, r.steps) / "config.json").exists() for n in r.names):
             continue
         cmd = [sys.executable, "-m", "fasteagle", "bench", *r.args, "--out", str(r.result)]
-        print("compare:", " ".join(cmd[1:]), flush=True)
+        print(f"{stage}:", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
+
+
+def evaluate(recipe, out: Path) -> None:
+    """The side-by-side runs not yet measured (`run_benches`)."""
+    run_benches(runs(recipe, out), out, "compare")
 
 
 def collect(recipe, out: Path, command: str) -> dict:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,12 +307,7 @@ def bench_runs(recipe: Recipe, out: Path) -> list[BenchRun]:
 
 def evaluate(recipe: Recipe, out: Path) -> None:
     """Every bench run whose drafters are saved and whose result is not written yet, one process each."""
-    for r in bench_runs(recipe, out):
-        if result_of(r) is not None or not all((snapshot(out, n, r.steps) / "config.json").exists() for n in r.names):
-            continue
-        cmd = [sys.executable, "-m", "fasteagle", "bench", *r.args, "--out", str(r.result)]
-        print("eval:", " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, check=True)
+    compare.run_benches(bench_runs(recipe, out), out, "eval")
 
 
 def curves(recipe: Recipe, out: Path) -> dict:
