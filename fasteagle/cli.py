@@ -56,7 +56,7 @@ def cmd_generate(args) -> int:
 
 def train_settings(args) -> dict:
     """`train`'s TrainConfig settings: --config's, then the flags given over them."""
-    from fasteagle.train.trainer import TrainConfig, read_config_file
+    from fasteagle.train.config import TrainConfig, read_config_file
 
     settings = read_config_file(args.config) if args.config else {}
     return settings | {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__
@@ -64,7 +64,8 @@ def train_settings(args) -> dict:
 
 
 def cmd_train(args) -> int:
-    from fasteagle.train.trainer import TrainConfig, train
+    from fasteagle.train.config import TrainConfig
+    from fasteagle.train.trainer import train
 
     cfg = TrainConfig(**train_settings(args)).check()  # every setting, before the target loads
     train(cfg, command=_command())
@@ -413,7 +414,7 @@ def _train_parser(sub) -> None:
     t = sub.add_parser("train", help="train a FastEagle drafter for a target")
     t.add_argument("--out", required=True, help="output directory for the drafter")
     t.add_argument("--config", default=None,
-                   help="JSON object of TrainConfig fields (fasteagle/train/trainer.py); the flags given override it")
+                   help="JSON object of TrainConfig fields (fasteagle/train/config.py); the flags given override it")
     _add_target_args(t)
     t.add_argument("--data", default=None, help="saved token dataset (default: tokenize ShareGPT)")
     t.add_argument("--holdout-data", dest="holdout_data", default=None)

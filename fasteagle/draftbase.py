@@ -8,23 +8,24 @@ LM head (frozen, borrowed with `attach`, never saved here) over a draft vocabula
 whole vocabulary or its most frequent tokens. How the depths are computed is the subclass's: the
 cascade (`fasteagle.drafter`) runs N layers in series once, the EAGLE-3-style drafter
 (`fasteagle.eagle3`) one layer once per depth. Both train with the same loss (`DrafterBase.loss`)
-over their `depth_outputs`, and save to and load from a folder of config.json and safetensors.
+over their `depth_outputs`, and save to and load from a folder of config.json and safetensors
+(`fasteagle.draftconfig` reads and checks the config).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from fasteagle import packing
+from fasteagle.draftconfig import DrafterConfig, check_fingerprint, peek
 from fasteagle.errors import FastEagleError
 from fasteagle.files import atomic_path, write_text
 from fasteagle.fused import FusedLayer
@@ -32,72 +33,6 @@ from fasteagle.kvcache import KVCache
 from fasteagle.packing import PackedLinear, WeightCopy, copy_class, pack_linears
 
 COMPACT_VOCAB_KEY = "compact_vocab_ids"  # the tensor in model.safetensors that holds `compact_vocab`
-
-
-@dataclass
-class DrafterConfig:
-    target: str  # the target's name, for messages
-    target_hidden: int
-    vocab_size: int
-    feature_layers: list[int]  # indices into the target's hidden_states (0 = embeddings)
-    num_layers: int = 6  # N: draft depths
-    width: int = 0  # layer width (0: the target's hidden size)
-    intermediate: int = 0  # MLP width (0: the target's)
-    num_heads: int = 0  # (0: the target's)
-    num_kv_heads: int = 0
-    head_dim: int = 0
-    rope_theta: float = 10000.0
-    rope: dict = field(default_factory=dict)  # rotary scaling beyond the default (e.g. Llama 3.1's "llama3")
-    rms_norm_eps: float = 1e-5
-    max_positions: int = 8192
-    loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
-    loss_targets: str = "soft"  # "soft": the teacher's top-k distribution; "hard": its top-1 token only
-    token_conditioned: bool = False  # cascade only: layer i+1 also reads the embedding of depth i's top-1 draft
-    depth: int = 7  # EAGLE-3 style only: unrolled training steps and draft tree depth
-    draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
-    fingerprint: list[float] = field(default_factory=list)
-    kind: str = "fasteagle"
-    # EAGLE-3-style drafter only: "proj" (ours: a projection in front of a stock layer) or "eagle3" (EAGLE-3's
-    # own: layer 0's attention reads [norm(embed); norm(hidden)], 2W wide; what `fasteagle.eagle3_format`
-    # imports and exports), and the switches of that format (vLLM's `llama_eagle3.py` reads the same)
-    layout: str = "proj"
-    norm_before_residual: bool = False  # layer 0's residual is norm(hidden), not hidden
-    norm_before_fc: bool = False  # one RMSNorm over the concatenated target features before `fc`
-    fc_norm: bool = False  # one RMSNorm per target feature before `fc`
-    attention_bias: bool = False
-    own_head: bool = False  # an LM head of its own over the draft vocab (imported), not the target's
-    own_embed: bool = False  # an embedding of its own (imported), not the target's
-
-    @classmethod
-    def for_target(cls, model: nn.Module, name: str, **overrides) -> DrafterConfig:
-        c = model.config
-        n = c.num_hidden_layers
-        rope = getattr(c, "rope_parameters", None) or {}
-        cfg = cls(
-            target=name, target_hidden=c.hidden_size, vocab_size=c.vocab_size,
-            feature_layers=[min(2, n), n // 2, max(n - 3, 1)],  # EAGLE-3's low / mid / high choice
-            width=c.hidden_size, intermediate=c.intermediate_size, num_heads=c.num_attention_heads,
-            num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
-            rms_norm_eps=c.rms_norm_eps, max_positions=c.max_position_embeddings,
-            fingerprint=target_fingerprint(model),
-        )
-        for k, v in overrides.items():
-            if v is not None:
-                setattr(cfg, k, v)
-        return cfg
-
-    def layer_config(self) -> LlamaConfig:
-        lc = LlamaConfig(
-            hidden_size=self.width, intermediate_size=self.intermediate, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, num_hidden_layers=self.num_layers,
-            rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_positions, vocab_size=self.vocab_size,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta} | self.rope,
-            attention_bias=self.attention_bias,
-        )
-        lc._attn_implementation = "sdpa"
-        return lc
 
 
 def _linear(weight: torch.Tensor) -> nn.Linear:
@@ -120,17 +55,6 @@ def _most_frequent(token_counts: torch.Tensor, n: int, keep: torch.Tensor | None
     if keep is not None:
         counts[keep.to(dev)] = float("inf")
     return counts.topk(n).indices.sort().values
-
-
-def target_fingerprint(model: nn.Module) -> list[float]:
-    """Norms of 16 fixed rows of the input embedding and the LM head: stable across dtypes and
-    devices, different for any other model (compared with a relative tolerance)."""
-    emb = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    rows = torch.linspace(0, emb.shape[0] - 1, 8).long()
-    return [round(float(w[r].detach().float().norm()), 4) for w in (emb, head) for r in rows]
-
-
 
 
 class DrafterBase(nn.Module):
@@ -585,47 +509,6 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
         raise FastEagleError(f"the drafter weights {file} are corrupt or truncated ({exc}); copy them again or "
                              "train the drafter again") from None
 
-
-
-def peek(path: str | Path) -> tuple[dict, DrafterConfig, list[Path]]:
-    """A drafter folder's config (raw and typed) and weight files, checked without reading the weights,
-    so a missing or broken drafter fails before anything loads."""
-    path = Path(path)
-    files = sorted(path.glob("model*.safetensors")) if path.is_dir() else []
-    if not (path / "config.json").is_file() or not files:
-        raise FastEagleError(f"no drafter at {path}: expected a folder with config.json and model.safetensors")
-    return (*read_config(path), files)
-
-
-def read_config(path: str | Path) -> tuple[dict, DrafterConfig]:
-    """A drafter directory's config.json, raw and as a DrafterConfig (without loading weights)."""
-    from fasteagle.fields import from_json
-
-    file = Path(path) / "config.json"
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise FastEagleError(f"cannot read the drafter config {file}: {exc}") from None
-    return raw, from_json(DrafterConfig, raw, f"the drafter config {file}")
-
-
-def check_fingerprint(cfg: DrafterConfig, target_model: nn.Module) -> None:
-    c = target_model.config
-    if c.hidden_size != cfg.target_hidden or c.vocab_size != cfg.vocab_size:
-        raise FastEagleError(
-            f"this drafter was trained for {cfg.target} (hidden {cfg.target_hidden}, vocab {cfg.vocab_size}); "
-            f"the loaded target has hidden {c.hidden_size}, vocab {c.vocab_size}"
-        )
-    if c.num_hidden_layers + 1 <= max(cfg.feature_layers):
-        raise FastEagleError(f"this drafter reads target layer {max(cfg.feature_layers)}, the target has fewer")
-    if cfg.fingerprint:
-        got = torch.tensor(target_fingerprint(target_model))
-        want = torch.tensor(cfg.fingerprint)
-        if got.shape != want.shape or not torch.allclose(got, want, rtol=2e-2, atol=1e-3):
-            raise FastEagleError(
-                f"this drafter was trained for {cfg.target}, and the loaded target's embedding/LM-head "
-                "weights differ: load the matching target or train a drafter for this one"
-            )
 
 
 def reuse_cache(cache: KVCache | None, layers: int, capacity: int, dtype: torch.dtype,

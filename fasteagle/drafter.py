@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasteagle.draftbase import DrafterBase, DrafterConfig, reuse_cache
+from fasteagle.draftbase import DrafterBase, reuse_cache
+from fasteagle.draftconfig import DrafterConfig
 from fasteagle.draftgraph import DraftStep, device_tree_wanted, graphs_wanted
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree, per_depth_k, product_fits

@@ -26,7 +26,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from fasteagle.draftbase import DrafterBase, DrafterConfig, reuse_cache
+from fasteagle.draftbase import DrafterBase, reuse_cache
+from fasteagle.draftconfig import DrafterConfig
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
 from fasteagle.tree import DraftTree, dynamic
 

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from fasteagle.draftbase import DrafterConfig, finish_load
-from fasteagle.draftbase import peek as peek_ours
+from fasteagle.draftbase import finish_load
+from fasteagle.draftconfig import DrafterConfig
+from fasteagle.draftconfig import peek as peek_ours
 from fasteagle.errors import FastEagleError
 from fasteagle.files import atomic_path, write_text
 

@@ -207,7 +207,7 @@ def drafter_kind(path: str | Path) -> str:
     """"fasteagle" or "eagle3": the kind of drafter a folder holds (ours by config.json's "kind", an
     EAGLE-3 checkpoint of the EAGLE / SpecForge / vLLM format by its architectures)."""
     from fasteagle import eagle3_format
-    from fasteagle.draftbase import read_config
+    from fasteagle.draftconfig import read_config
 
     if eagle3_format.is_checkpoint(path):
         return "eagle3"
@@ -235,7 +235,7 @@ def load_drafter(path: str | Path, target_model=None, int8: bool | None = None, 
 def check_fits(path: str | Path, target_model) -> None:
     """Refuse (one line) a drafter folder trained for another target, from its config alone (no weights read)."""
     from fasteagle import eagle3_format
-    from fasteagle.draftbase import check_fingerprint, read_config
+    from fasteagle.draftconfig import check_fingerprint, read_config
 
     if eagle3_format.is_checkpoint(path):
         cfg = eagle3_format.read_config(path, target_model.config.num_hidden_layers)[1]

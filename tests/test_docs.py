@@ -134,7 +134,7 @@ def documented(prog: str) -> list[tuple[str, list[str]]]:
 
 
 def test_every_documented_fasteagle_command_parses_and_its_configs_exist():
-    from fasteagle.train.trainer import TrainConfig, read_config_file
+    from fasteagle.train.config import TrainConfig, read_config_file
 
     cmds = documented("fasteagle")
     assert len(cmds) > 5 and {argv[0] for _, argv in cmds} >= {"generate", "bench", "train"}  # (the recipes' steps
@@ -165,7 +165,7 @@ def test_every_documented_flag_of_the_training_tools_exists(module):
 
 @pytest.mark.parametrize("drafter", DRAFTERS, ids=lambda d: d.name)
 def test_a_drafter_keeps_one_training_log_not_stage_files(drafter, tmp_path):
-    from fasteagle.train.trainer import TrainConfig, read_config_file
+    from fasteagle.train.config import TrainConfig, read_config_file
 
     assert {p.name for p in drafter.iterdir()} == {"README.md", "config.json", "model.safetensors", "eval.json",
                                                    "training_log.json", "configs"}

@@ -119,8 +119,9 @@ def test_kinds_are_not_mixed_up(tiny, tmp_path):
 def test_eagle3_trains_with_the_shared_pipeline(tiny, tmp_path):
     import json
 
+    from fasteagle.train.config import TrainConfig
     from fasteagle.train.data import save_token_dataset
-    from fasteagle.train.trainer import TrainConfig, train
+    from fasteagle.train.trainer import train
     from tests.train.test_trainer import self_written
 
     save_token_dataset(self_written(tiny, 16, seed=1, new=30), tmp_path / "train.pt")

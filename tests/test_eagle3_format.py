@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from fasteagle import cli, eagle3_format
-from fasteagle.draftbase import DrafterConfig
+from fasteagle.draftconfig import DrafterConfig
 from fasteagle.eagle3 import AutoregressiveDrafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run

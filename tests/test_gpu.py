@@ -20,8 +20,9 @@ from fasteagle.cli import make_drafter
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.eagle3 import AutoregressiveDrafter
 from fasteagle.generate import run
+from fasteagle.train.config import TrainConfig
 from fasteagle.train.data import save_token_dataset
-from fasteagle.train.trainer import TrainConfig, train
+from fasteagle.train.trainer import train
 from fasteagle.verify import SamplingParams
 from tests.conftest import tiny_target
 from tests.train.test_trainer import self_written

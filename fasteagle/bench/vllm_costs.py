@@ -182,7 +182,7 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
     import torch
 
     from fasteagle.bench.timing import device_name
-    from fasteagle.draftbase import read_config
+    from fasteagle.draftconfig import read_config
     from fasteagle.methods import canonical
     from fasteagle.vllm_engine import target_dir as resolve
 

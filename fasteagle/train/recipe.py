@@ -83,8 +83,8 @@ class Recipe:
 def load(path: str | Path) -> Recipe | step_recipes.StepRecipe:
     """A recipe file, every field and every drafter's settings checked before anything runs (a recipe of
     steps, fasteagle/train/steps.py, every step's)."""
+    from fasteagle.train.config import TrainConfig
     from fasteagle.train.tasks import SOURCES
-    from fasteagle.train.trainer import TrainConfig
 
     path = Path(path)
     raw = _read(path)
@@ -174,7 +174,7 @@ def build_prompts(recipe: Recipe, target, path: Path) -> None:
 def config(recipe: Recipe, name: str | None, root: Path, **more):
     """The TrainConfig of one run: the data stage (`name` None) or drafter `name` on the shared shards (in
     `root`, or in `data_from`'s folder)."""
-    from fasteagle.train.trainer import TrainConfig
+    from fasteagle.train.config import TrainConfig
 
     root = data_root(recipe, root)
     shared = {"data": str(root / "prompts.pt"), "features": "cache", "feature_dir": str(root / "data" / "features"),
@@ -400,7 +400,7 @@ def ship(recipe: Recipe, target, out: Path) -> None:
     """The drafters of `recipe.ship` at its budget, each into its folder with a holdout evaluation and a
     training log of one stage (the form of every shipped drafter, docs/training.md)."""
     from fasteagle.methods import load_drafter
-    from fasteagle.train.trainer import evaluate
+    from fasteagle.train.holdout import evaluate
 
     steps, n = recipe.ship["steps"], recipe.ship.get("holdout", 60)
     for name, folder in recipe.ship["to"].items():  # before any work: every snapshot there, every folder writable
@@ -477,7 +477,8 @@ def ship_steps(recipe: step_recipes.StepRecipe, holdout_n: int = 60) -> None:
     prompts' greedy replies (made once, in the recipe's out folder)."""
     from fasteagle.methods import load_drafter
     from fasteagle.target import load_target
-    from fasteagle.train.trainer import TrainConfig, evaluate
+    from fasteagle.train.config import TrainConfig
+    from fasteagle.train.holdout import evaluate
 
     by_name = {s.name: s for s in recipe.steps}
     missing = [n for n in recipe.ship if n not in by_name or not (Path(recipe.out) / "done" / f"{n}.json").exists()]

@@ -84,7 +84,7 @@ def load(path: str | Path, raw: dict) -> StepRecipe:
     if not isinstance(recipe.steps, list) or not recipe.steps:
         raise FastEagleError(f"{what}: steps must be a non-empty list")
     recipe.steps = [from_json(Step, s, f"{what}, step {i + 1}") for i, s in enumerate(recipe.steps)]
-    from fasteagle.train.trainer import TrainConfig
+    from fasteagle.train.config import TrainConfig
 
     for name, settings in recipe.configs.items():
         if not isinstance(settings, dict):
@@ -92,7 +92,7 @@ def load(path: str | Path, raw: dict) -> StepRecipe:
         unknown = sorted(set(settings) - set(TrainConfig.__dataclass_fields__))
         if unknown:
             raise FastEagleError(f"{what}: config {name}: unknown setting {unknown[0]!r} (the settings are the "
-                                 "fields of TrainConfig in fasteagle/train/trainer.py)")
+                                 "fields of TrainConfig in fasteagle/train/config.py)")
         check_types(TrainConfig, settings, f"{what}: config {name}")
     made: list[str] = [str(Path(recipe.out) / "configs")]
     for step in recipe.steps:
@@ -112,7 +112,7 @@ def check_step(recipe: StepRecipe, step: Step, made: list[str], what: str) -> No
         raise FastEagleError(f"{what}: two steps have this name")
     ns = parse(recipe, step, what)
     if step.run == "train":
-        from fasteagle.train.trainer import TrainConfig
+        from fasteagle.train.config import TrainConfig
 
         TrainConfig(**train_settings(recipe, step, ns)).check()
     outs = outputs(step, ns)
@@ -155,7 +155,7 @@ def train_settings(recipe: StepRecipe, step: Step, ns=None) -> dict:
     """A training step's TrainConfig settings: its --config (one of the recipe's `configs`, or a file),
     then its flags over them, as `python -m fasteagle train` resolves them (`ns`: its arguments parsed)."""
     from fasteagle.cli import train_settings as resolve
-    from fasteagle.train.trainer import read_config_file
+    from fasteagle.train.config import read_config_file
 
     ns = ns or parse(recipe, step)
     base = {}

@@ -23,13 +23,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fasteagle.train.data import (
+from fasteagle.train.sharegpt import (
     Conversation,
     Split,
-    _looks_english,
     first_user_prompt,
     in_split,
     iter_conversations,
+    looks_english,
 )
 
 CATEGORIES = ("translation", "summarization", "qa", "math", "rag")  # the evaluation set's, besides chat
@@ -72,7 +72,7 @@ def _order(items: Iterable[tuple[str, Any]]) -> list[Any]:
 
 
 def _prose(text: str) -> bool:
-    return "```" not in text and _looks_english(text)
+    return "```" not in text and looks_english(text)
 
 
 def _paragraphs(text: str) -> Iterator[str]:
@@ -162,7 +162,7 @@ def write_eval_file(out: str | Path = "assets/prompts/tasks_holdout.jsonl", n: i
     import json
 
     from fasteagle.files import write_text
-    from fasteagle.train.data import holdout_chat_prompts
+    from fasteagle.train.sharegpt import holdout_chat_prompts
 
     records = holdout_chat_prompts(n, path) + category_prompts(n, "holdout", path)
     write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

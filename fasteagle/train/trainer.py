@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -20,15 +19,14 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from fasteagle import trace
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
-from fasteagle.fields import check_types
 from fasteagle.files import check_writable, write_text
 from fasteagle.methods import load_drafter
 from fasteagle.train import data as data_mod
+from fasteagle.train.config import TrainConfig
+from fasteagle.train.holdout import evaluate
 from fasteagle.train.teacher import (
-    PROMPT_TAIL,
     Batch,
     cache_features,
     distill_features,
@@ -40,143 +38,11 @@ from fasteagle.train.teacher import (
     shard_stats,
     teach,
 )
-from fasteagle.tree import TREE_BUILDERS
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from fasteagle.target import Target
-
-
-@dataclass
-class TrainConfig:
-    out: str
-    target: str | None = None
-    data: str | None = None  # a saved token dataset (fasteagle.train.data); None: build from ShareGPT
-    holdout_data: str | None = None
-    max_len: int = 1024
-    limit: int | None = None  # use at most this many training conversations
-    skip: int = 0  # pass over the first this many conversations kept (an earlier --limit run had them)
-    english_only: bool = False  # skip ShareGPT conversations whose first prompt is not English
-    distill: bool = False  # regenerate replies with the target first
-    distill_max_new: int = 256
-    prompt_tail: int = PROMPT_TAIL  # distillation keeps a prompt's last this many tokens
-    distill_batch: int = 128
-    distill_minutes: float | None = None
-    distill_sample_every: int = 4  # every n-th distillation batch is sampled (temperature 0.7); 1: all, 0: none
-    distill_only: bool = False  # stop once the data is written (distilled.pt, holdout_distilled.pt, shards)
-    distill_engine: str = "ours"  # "vllm": replies by vLLM's batched generation (requirements-vllm.txt)
-    features: str = "online"  # "online": teacher runs each step; "cache": fp16 shards on disk first
-    feature_dir: str | None = None
-    reuse_features: bool = False  # train on the shards already in feature_dir (same data, same teacher pass)
-    extra_features: list[str] = field(default_factory=list)  # more shard dirs to train on (e.g. raw ShareGPT)
-    shard_fraction: float = 1.0  # train on this share of feature_dir's shards, a draw by `seed` (data-scaling
-    # tests); the extra_features folders stay whole
-    extra_data: list[str] = field(default_factory=list)  # more token datasets to train on (e.g. a distilled.pt)
-    init_from: str | None = None  # continue from a trained drafter directory (weights and draft vocab)
-    drafter: str = "fasteagle"  # "fasteagle" (the cascade) or "eagle3" (one layer, training-time test)
-    num_layers: int = 6  # cascade layers = draft depths (fasteagle)
-    depth: int = 7  # unrolled training steps = draft tree depth (eagle3)
-    layout: str = "eagle3"  # eagle3: EAGLE-3's own network, exportable to its format; "proj": ours before it
-    intermediate: int = 768
-    loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
-    loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
-    token_conditioned: bool = False  # fasteagle: each layer also reads the token the layer before drafted
-    topk: int = 16
-    draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens; with init_from,
-    # a number above its draft vocab grows it (the vocabulary size or more: all of it)
-    loss_vocab: int = 0  # >0: the loss's softmax covers the N most frequent reply tokens plus each batch's
-    # teacher tokens, not the whole draft vocab (CPU fine-tuning of a whole-vocab drafter: ~5x less head work)
-    keep_prompt: int = 64  # prompt tokens kept before each reply in distilled feature shards
-    lr: float = 5e-4
-    warmup: int = 100
-    schedule: str = "cosine"  # "cosine": anneal to zero over the run; "constant": hold lr after warmup, so a run
-    # continued to a larger --max-steps goes on the same schedule (training curves, snapshots at budgets)
-    weight_decay: float = 0.0
-    clip: float = 0.5
-    batch_tokens: int = 8192
-    micro_batch: int = 0  # >0: sequences per optimizer step, cut from each cached shard
-    epochs: float = 1.0
-    max_steps: int | None = None
-    minutes: float | None = None  # stop training after this wall time
-    init_from_target: bool = True
-    checkpoint_every: int = 500
-    seed: int = 0
-    device: str | None = None
-    dtype: str | None = None
-    mixed_precision: str = "auto"  # the drafter's matmuls in bf16 ("bf16"), or not ("no"); auto: bf16 on a GPU.
-    # A CPU with AVX512-BF16 or AMX also runs them ~2x faster in bf16 (the weights and optimizer stay fp32)
-    eval_sequences: int = 200
-    shard_mb: float | None = None  # split model.safetensors into files of at most this size
-    eval_initial: bool = True  # also evaluate the untrained drafter, to show what training bought
-
-    def check(self) -> TrainConfig:
-        """Refuse a setting of the wrong type or out of range, from a flag or a --config file alike,
-        before any model loads (a bad value would otherwise fail deep in training, or never stop)."""
-        def plain(v):  # paths given as Path objects (the API) pass as strings
-            return os.fspath(v) if isinstance(v, os.PathLike) else [plain(x) for x in v] if isinstance(v, list) else v
-
-        values = {k: plain(v) for k, v in asdict(self).items()}
-        check_types(TrainConfig, values, "training setting")
-
-        def refuse(name: str, rule: str) -> None:
-            flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
-            raise FastEagleError(f"{name} ({flag}) must be {rule}, not {values[name]!r}")
-
-        for name, (low, rule) in _RANGES.items():
-            v = values[name]
-            if v is None and name in _OPTIONAL:
-                continue
-            if (isinstance(v, float) and not math.isfinite(v)) or v < low or (v == low and rule.startswith("above")):
-                refuse(name, rule)
-        if not self.seed < 2**63:
-            refuse("seed", "below 2**63")
-        if self.shard_fraction > 1:
-            refuse("shard_fraction", "above 0 and at most 1")
-        for name, choices in _CHOICES.items():
-            if values[name] not in choices:
-                refuse(name, " or ".join(choices))
-        if self.reuse_features and self.features != "cache":
-            raise FastEagleError(f"--reuse-features needs --features cache, not {self.features!r}")
-        if self.extra_data and (self.reuse_features or (self.distill and self.features == "cache")):
-            raise FastEagleError("--add-data joins token datasets; with feature shards (--distill --features cache, "
-                                 "--reuse-features) use --add-features instead")
-        return self
-
-
-_FLAGS = {"extra_data": "--add-data", "extra_features": "--add-features"}  # the rest: --name-with-dashes
-_AT_LEAST_1 = ("max_len", "prompt_tail", "num_layers", "depth", "intermediate", "topk", "batch_tokens",
-               "checkpoint_every", "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit")
-_AT_LEAST_0 = ("skip", "draft_vocab", "loss_vocab", "micro_batch", "warmup", "distill_sample_every",
-               "eval_sequences", "seed", "weight_decay", "lr")  # lr 0: evaluate a drafter as it is
-_ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard_mb", "shard_fraction")
-_RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") for n in _AT_LEAST_0}
-           | {n: (0, "above 0") for n in _ABOVE_0})
-_OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
-_CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"), "layout": ("eagle3", "proj"),
-            "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"),
-            "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
-
-
-def read_config_file(path: str | Path) -> dict:
-    """A --config file: a JSON object of TrainConfig fields (`out` in it gives way to --out)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FastEagleError(f"--config {path}: {'a folder' if path.is_dir() else 'no such file'}; "
-                             "give a JSON file of training settings")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise FastEagleError(f"--config {path} is not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
-                             ) from None
-    if not isinstance(raw, dict):
-        raise FastEagleError(f"--config {path} must hold a JSON object of training settings, "
-                             f"not a {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(TrainConfig.__dataclass_fields__))
-    if unknown:
-        raise FastEagleError(f"--config {path}: unknown setting {unknown[0]!r} (the settings are the fields of "
-                             "TrainConfig in fasteagle/train/trainer.py)")
-    return raw
 
 
 def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
@@ -737,88 +603,3 @@ def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> fl
     if cfg.minutes:
         progress = max(progress, elapsed_s / (cfg.minutes * 60))
     return warm * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-@torch.no_grad()
-def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, k: int | list[int] = 10,
-             budget: int = 60) -> dict:
-    """Teacher-forced holdout metrics: per-depth top-1 agreement with the target's argmax, and the
-    expected accepted length of the greedy backbone tree (spine top-1, side leaves top-k) per
-    position, assuming the sequence is what the target itself would say (self-distilled text).
-
-    `tau_replay` is greedy decoding's own tau with trees of `budget` nodes, per tree shape: the
-    holdout replies are the target's greedy output, so walking each reply step by step (draft at
-    the last accepted position, accept the longest tree path the reply follows, move on) is
-    exactly what speculative decoding would do, without running the target per step.
-    """
-    drafter.eval()
-    dev = next(model.parameters()).device
-    N = drafter.num_depths
-    ks = [k] * N if isinstance(k, int) else (list(k) + [1] * N)[:N]
-    spine_hits = torch.zeros(N)
-    leaf_hits = torch.zeros(N)
-    counted = 0
-    taus = []
-    walks = {shape: [0, 0] for shape in TREE_BUILDERS}  # tokens, steps
-    for i in tqdm(range(min(n, len(data["input_ids"]))), desc="evaluate"):
-        ids = torch.tensor(data["input_ids"][i][:max_len], device=dev)[None]
-        mask = torch.tensor(data["loss_mask"][i][:max_len], device=dev)[None].bool()
-        L = ids.shape[1]
-        if L < N + 3:
-            continue
-        feats, t_ids, _ = teach(model, ids, drafter.cfg.feature_layers, 1)
-        target_top1 = t_ids[0, :, 0]  # target's argmax at each position
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            outs = drafter.depth_outputs(feats[:, :-1].to(drafter.fc.weight.dtype), ids[:, 1:])
-        T = L - 1 - N  # start positions with every depth defined
-        spine = torch.zeros(N, T, dtype=torch.bool, device=dev)
-        leaf = torch.zeros(N, T, dtype=torch.bool, device=dev)
-        logits_all = [drafter.head(outs[d][0], d + 1).float() for d in range(N)]  # every position, each depth
-        for d in range(1, N + 1):
-            logits = logits_all[d - 1][:T]
-            want = drafter.to_draft_ids(target_top1[d:d + T])  # -1 (never matched) outside the vocab
-            spine[d - 1] = logits.argmax(-1) == want
-            leaf[d - 1] = (logits.topk(ks[d - 1], -1).indices == want[:, None]).any(-1)
-        kmax = max(ks)
-        tops = [logits.softmax(-1).topk(kmax, -1) for logits in logits_all]
-        top_p = torch.stack([t.values for t in tops], 1).cpu()  # (L-1, N, kmax)
-        top_i = drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)].cpu()
-        seq, reply = ids[0].tolist(), mask[0].tolist()
-        for shape, walk in walks.items():
-            draft = drafted_trees(TREE_BUILDERS[shape], seq, top_i, top_p, ks, budget)
-            tokens, steps = trace.replay_walk(seq, reply, draft)
-            walk[0] += tokens
-            walk[1] += steps
-        valid = mask[0, 1:1 + T] & mask[0, 1 + N:1 + N + T]  # the root and the deepest draft lie in the reply
-        if not bool(valid.any()):
-            continue
-        # accepted drafts = leading spine hits, plus one if a side leaf catches the first miss
-        run = torch.cumprod(spine.int(), 0)  # (N, T): 1 while every depth so far matched
-        lead = run.sum(0)
-        miss = lead.clamp(max=N - 1)
-        extra = (lead < N) & leaf[miss, torch.arange(T, device=dev)]
-        acc_len = lead + extra.int()
-        taus.append((acc_len[valid] + 1).float().cpu())
-        reach = torch.cat([torch.ones(1, T, dtype=torch.int, device=dev), run[:-1]])  # depth d reached via spine
-        spine_hits += (spine & reach.bool() & valid).sum(1).cpu().float()
-        leaf_hits += (leaf & reach.bool() & valid).sum(1).cpu().float()
-        counted += int(valid.sum())
-    drafter.train()
-    tau = torch.cat(taus) if taus else torch.zeros(1)
-    return {
-        "positions": counted,
-        "tau_backbone": round(float(tau.mean()), 3),
-        "depth_top1_given_spine": [round(float(spine_hits[d] / max(1, counted if d == 0 else spine_hits[d - 1])), 3)
-                                   for d in range(N)],
-        "depth_topk_given_spine": [round(float(leaf_hits[d] / max(1, counted if d == 0 else spine_hits[d - 1])), 3)
-                                   for d in range(N)],
-        "tree_k": ks,
-        "tau_replay": {shape: round(trace.tau(t, s), 3) for shape, (t, s) in walks.items()},
-        "tau_replay_budget": budget,
-    }
-
-
-def drafted_trees(build, seq: list[int], top_i: torch.Tensor, top_p: torch.Tensor, ks: list[int], budget: int):
-    """`replay_walk`'s `draft`: g -> the tree `build` makes rooted at seq[g] from the per-depth
-    candidates top_i/top_p[g - 1] (drafted at position g - 1, i.e. with token g as the root)."""
-    return lambda g: build(seq[g], top_i[g - 1], top_p[g - 1], ks, budget).to_dict()

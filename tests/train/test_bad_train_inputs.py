@@ -22,7 +22,7 @@ from fasteagle import cli
 from fasteagle.errors import FastEagleError
 from fasteagle.train import data as data_mod
 from fasteagle.train import tasks, vocab
-from fasteagle.train.trainer import TrainConfig, read_config_file
+from fasteagle.train.config import TrainConfig, read_config_file
 from tests.test_bad_inputs import READ_ONLY, ROOT, assert_one_line_error, bad_dir, run_main, tiny_dir  # noqa: F401
 from tests.train import test_trainer, test_vocab
 
@@ -149,7 +149,7 @@ def test_an_epoch_without_batches_stops_the_run(tiny, fx, tmp_path, monkeypatch)
     from fasteagle.train import trainer
 
     monkeypatch.setattr(trainer, "process_share", lambda order, index, count: [])
-    cfg = trainer.TrainConfig(out=str(tmp_path / "out"), data=str(fx / "data.pt"), num_layers=2, intermediate=64,
+    cfg = TrainConfig(out=str(tmp_path / "out"), data=str(fx / "data.pt"), num_layers=2, intermediate=64,
                               topk=4, batch_tokens=200, max_steps=2, minutes=0.01, device="cpu")
     with deadline(60), pytest.raises(FastEagleError, match="no batch"):
         trainer.train(cfg, target=tiny)

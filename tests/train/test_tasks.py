@@ -11,7 +11,7 @@ import pytest
 
 from fasteagle.errors import FastEagleError
 from fasteagle.train import tasks
-from fasteagle.train.data import is_holdout
+from fasteagle.train.sharegpt import is_holdout
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PARAGRAPH = ("The committee reviewed the proposal in detail and agreed that the new library should open on "

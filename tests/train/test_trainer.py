@@ -11,9 +11,10 @@ import torch
 from fasteagle.drafter import CascadedDrafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
+from fasteagle.train.config import TrainConfig
 from fasteagle.train.data import load_token_dataset, save_token_dataset
 from fasteagle.train.teacher import Batch, micro_batches
-from fasteagle.train.trainer import TrainConfig, lr_at, process_share, train
+from fasteagle.train.trainer import lr_at, process_share, train
 from tests.conftest import TINY_VOCAB
 
 
