@@ -4,7 +4,9 @@ With `parallel_drafting` on, vLLM (0.32) drafts k tokens in ONE drafter forward:
 feeds [accepted rows | bonus row | k-1 mask rows] (`v1/spec_decode/llm_base_proposer.py`) and
 samples the last k rows. A cascade needs only the bonus row: its N layers run in series over
 every row, and the j-th mask row after a bonus row answers with layer j+1's output AT that bonus
-row. So one forward yields depths 1..k, as in our own engine's chain.
+row. So one forward yields depths 1..k, as in our own engine's chain. Only the first k layers are built
+(k = num_speculative_tokens, at most N): the deeper ones answer depths vLLM never asks for, so they cost
+neither a forward nor KV cache (`kv_bytes_per_token` in `fasteagle.bench.batches` counts the same).
 
     row r:  (hidden g_r, token x_{r+1})  ->  h_1 = L1(fc(g_r) + embed_fc(embed(x_{r+1})))  h_i = L_i(h_{i-1})
     out[r] = norm_d(h_d[anchor(r)])      d = 1 for a real row, j+1 for the j-th mask row after anchor(r)
@@ -22,6 +24,7 @@ the checkpoint it loads (`fasteagle.eagle3_format.export`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -61,6 +64,7 @@ class CascadeModel(nn.Module):
         cfg = vllm_config.speculative_config.draft_model_config.hf_config
         quant = get_draft_quant_config(vllm_config)
         width, target = cfg.hidden_size, cfg.target_hidden_size
+        self.depths = built_depths(vllm_config)
         n_aux = len((getattr(cfg, "eagle_config", None) or {})["eagle_aux_hidden_state_layer_ids"])
         self.fc_input_size = n_aux * target
         self.mask_token_id = cfg.mask_token_id
@@ -71,15 +75,15 @@ class CascadeModel(nn.Module):
                                          prefix=maybe_prefix(prefix, "embed_fc"), return_bias=False)
         self.layers = nn.ModuleList(
             CascadeLayer(vllm_config, prefix=maybe_prefix(prefix, f"layers.{i + start_layer_id}"), config=cfg)
-            for i in range(cfg.num_hidden_layers))
-        self.norms = nn.ModuleList(RMSNorm(width, eps=cfg.rms_norm_eps) for _ in range(cfg.num_hidden_layers))
+            for i in range(self.depths))
+        self.norms = nn.ModuleList(RMSNorm(width, eps=cfg.rms_norm_eps) for _ in range(self.depths))
         self.proj = None if width == target else ReplicatedLinear(
             width, target, bias=False, quant_config=quant, prefix=maybe_prefix(prefix, "proj"), return_bias=False)
         self.eps = cfg.rms_norm_eps
         self.tok_fc = nn.ModuleList(
             ReplicatedLinear(target, width, bias=False, quant_config=quant, prefix=maybe_prefix(prefix, f"tok_fc.{i}"),
                              return_bias=False)
-            for i in range(cfg.num_hidden_layers - 1)) if getattr(cfg, "token_conditioned", False) else None
+            for i in range(self.depths - 1)) if getattr(cfg, "token_conditioned", False) else None
         self.top_token = None  # token-conditioned: hidden (T, W) at depth i -> target ids (T,), set by the model
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -112,6 +116,19 @@ class CascadeModel(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return AutoWeightsLoader(self).load_weights(weights, mapper=self.stacked)
+
+
+def built_depths(vllm_config: VllmConfig) -> int:
+    """How many of the cascade's N layers vLLM can use: one per drafted token, at most N."""
+    spec = vllm_config.speculative_config
+    n = spec.draft_model_config.hf_config.num_hidden_layers
+    return min(n, spec.num_speculative_tokens or n)
+
+
+def unbuilt(name: str, depths: int) -> bool:
+    """Whether checkpoint tensor `name` belongs to a layer, norm or tok_fc past the first `depths` built."""
+    m = re.match(r"(layers|norms|tok_fc)\.(\d+)\.", name)
+    return m is not None and int(m[2]) >= depths - (m[1] == "tok_fc")
 
 
 class FastEagleCascadeForCausalLMEagle3(Eagle3LlamaForCausalLM):
@@ -150,7 +167,7 @@ class FastEagleCascadeForCausalLMEagle3(Eagle3LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         named = {}
         for name, w in weights:
-            if name == "t2d":
+            if name == "t2d" or unbuilt(name, self.model.depths):
                 continue
             if name == "mask_hidden":
                 self.mask_hidden.copy_(w.view(1, -1))

@@ -36,7 +36,7 @@ def sweep(target, settings, methods: list[str], texts: list[str], k: int, max_ne
     runs: dict[tuple, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         drafters = vllm_drafters(target, settings, methods, Path(tmp))
-        kv = {m: kv_bytes_per_token(target.model.config, drafters.get(m)) for m in methods}
+        kv = {m: kv_bytes_per_token(target.model.config, drafters.get(m), k) for m in methods}
         total = repeats * len(methods) * len(temperatures) * len(batch_sizes)
         with tqdm(total=total, desc="vLLM batches") as bar:
             for r in range(repeats):
@@ -138,10 +138,11 @@ def layer_kv_bytes(kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     return 2 * kv_heads * head_dim * dtype_bytes
 
 
-def kv_bytes_per_token(config, drafter: Path | None, dtype_bytes: int = 4) -> dict:
+def kv_bytes_per_token(config, drafter: Path | None, k: int, dtype_bytes: int = 4) -> dict:
     """KV-cache bytes one token holds: the target's layers, and a drafter's (EAGLE-3: its layers, usually one;
-    the cascade: all N), from the configs. vLLM's own CPU cache sizes agree (2 GiB held 46,592 tokens of
-    SmolLM2-135M, 45,056 with the one-layer EAGLE-3 drafter, 38,784 with the 6-layer cascade)."""
+    the cascade: one per drafted token, min(N, k), as the plugin builds them), from the configs. vLLM's own CPU
+    cache sizes agree (2 GiB held 46,592 tokens of SmolLM2-135M, 45,056 with the one-layer EAGLE-3 drafter,
+    38,784 with all 6 of the cascade's layers)."""
     import json
 
     def per_layer(c) -> int:
@@ -152,7 +153,8 @@ def kv_bytes_per_token(config, drafter: Path | None, dtype_bytes: int = 4) -> di
     out = {"target": per_layer(t) * t["num_hidden_layers"], "drafter": 0, "drafter_layer": 0}
     if drafter is not None:
         d = json.loads((Path(drafter) / "config.json").read_text())
-        out |= {"drafter": per_layer(d) * d["num_hidden_layers"], "drafter_layer": per_layer(d)}
+        n = min(d["num_hidden_layers"], k) if d.get("fasteagle_kind") == "fasteagle" else d["num_hidden_layers"]
+        out |= {"drafter": per_layer(d) * n, "drafter_layer": per_layer(d)}
     return out | {"total": out["target"] + out["drafter"]}
 
 

@@ -12,9 +12,10 @@ that repeats itself, so it drafts at every step: the step that verifies q tokens
 sampler included. `query` records the tokens per request and step that ran; where it falls short of q
 (steps without a draft), the step at q is drawn on the line through the steps at 1 and at `query` tokens.
 
-The target is timed for q = 1..k+1. Each drafter is timed at its shape (a Llama of its width, layers, MLP and
-draft vocabulary, random weights: vLLM runs it as a model of its own, so the drafter's fusion of the target's
-features, a few small matmuls, is left out): its forward of q tokens for b requests as a decode step of b*q
+The target is timed for q = 1..k+1. Each drafter is timed at its shape (a Llama of its width, layers (the
+cascade's first k: all the plugin builds), MLP and draft vocabulary, random weights: vLLM runs it as a model of
+its own, so the drafter's fusion of the target's features, a few small matmuls, is left out): its forward of q
+tokens for b requests as a decode step of b*q
 requests (the same rows through every linear layer; attention over a short context is a small part of
 it), less an almost empty model's step at b*q (one layer of width 64, the same vocabulary: scheduling,
 sampling), since a drafter runs inside the target's step. vLLM's EAGLE-3 path drafts a chain with a first
@@ -203,6 +204,8 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
         for m in kinds:
             cfg = read_config(settings.drafter_dir(m))[0]
             shapes[m] = {key: cfg.get(key) for key in ("width", "num_layers", "intermediate", "draft_vocab")}
+            if kinds[m] != "eagle3":  # the plugin builds one cascade layer per drafted token (vllm_cascade)
+                cfg = cfg | {"num_layers": min(cfg["num_layers"], k)}
             raw[m] = costs_at(str(shape_model(cfg, Path(tmp) / m)), [], rows[m],
                               repeating_prompt(shapes[m]["draft_vocab"] or cfg["vocab_size"]), repeats, m,
                               max_num_seqs=max(rows[m]))["1"]
