@@ -6,8 +6,10 @@
 
 With `token_conditioned`, layer i+1 also reads the token depth i drafts (its top-1, known within the
 same forward): h_{i+1} = L_{i+1}(h_i + T_i(embed(argmax p_i))), T_i a linear map that starts at zero,
-so a plain cascade grows into one without changing its function. It trains on its own top-1, as
-EAGLE-3's training-time test feeds its own drafts; side branches of the tree are not conditioned.
+so a plain cascade grows into one without changing its function. By default it trains on its own top-1;
+with `token_source` "teacher" on the teacher's top-1 at that depth, the token depth i must draft for
+depth i+1 to count at all (EAGLE-3's training-time test likewise feeds its steps the true tokens, beside
+its own hidden states). Drafting always reads its own top-1; side branches of the tree are not conditioned.
 
 One forward yields every depth's distribution (an EAGLE-style drafter needs one forward per
 depth). Each layer is a stock `LlamaDecoderLayer` attending causally over the accepted prefix with
@@ -78,9 +80,10 @@ class CascadedDrafter(DrafterBase):
     # -- network --------------------------------------------------------------------------------
     def hidden(self, feats: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
                mask: torch.Tensor | None = None, cache: KVCache | None = None,
-               layers: int | None = None) -> list[torch.Tensor]:
+               layers: int | None = None, depth_tokens: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Outputs of the first `layers` layers (all by default), (B, L, width) each. mask=None means
-        plain causal attention."""
+        plain causal attention. A token-conditioned layer i+1 reads `depth_tokens[i]` (B, L) where given,
+        else depth i's own top-1."""
         embed = self.embed(next_ids).to(feats.dtype)
         x = self.fc(torch.cat([feats, embed], -1))
         pe = self.rotary(x, position_ids)
@@ -90,7 +93,8 @@ class CascadedDrafter(DrafterBase):
             x = self.run_layer(i, x, position_ids, pe, mask, cache)
             outs.append(x)
             if self.cfg.token_conditioned and i + 1 < len(run):
-                x = x + self.tok_fc[i](self.top_token_embedding(x, i + 1).to(x.dtype))
+                tok = self.top_token_embedding(x, i + 1) if depth_tokens is None else self.embed(depth_tokens[i])
+                x = x + self.tok_fc[i](tok.to(x.dtype))
         return outs
 
     def top_token_embedding(self, h: torch.Tensor, depth: int) -> torch.Tensor:
@@ -98,11 +102,19 @@ class CascadedDrafter(DrafterBase):
         with torch.no_grad():
             return self.embed(self.vocab_ids[self.head(h, depth).argmax(-1)])
 
-    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
+    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor,
+                      teacher_top1: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Teacher-forced outputs for every depth over whole sequences: entry i-1 at position t
-        predicts token t+1+i. For the cascade that is simply layer i's output."""
+        predicts token t+1+i. For the cascade that is simply layer i's output. `teacher_top1` (B, n+1), the
+        teacher's top-1 at each position, is what depth i must draft at slot t (position t+i) for depth i+1
+        to count: a token-conditioned cascade's layer i+1 reads it there (`token_source` "teacher")."""
         b, n = next_ids.shape
-        return self.hidden(feats, next_ids, torch.arange(n, device=next_ids.device)[None].expand(b, -1))
+        depth_tokens = None
+        if teacher_top1 is not None:
+            pad = F.pad(teacher_top1, (0, len(self.layers)))
+            depth_tokens = [pad[:, d:d + n] for d in range(1, len(self.layers))]
+        return self.hidden(feats, next_ids, torch.arange(n, device=next_ids.device)[None].expand(b, -1),
+                           depth_tokens=depth_tokens)
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:

@@ -535,3 +535,32 @@ def test_shipped_drafter_is_lossless_and_accepts_on_the_default_model(smollm):
             taus[m].append(traces[-1].tau)
     mean = {m: sum(v) / len(v) for m, v in taus.items()}
     assert all(v > 1.3 for v in mean.values()), mean
+
+
+def test_a_cascade_trained_on_the_teachers_tokens_reads_them_in_training_and_its_own_when_drafting(tiny):
+    """token_source "teacher": in the loss, layer i+1 reads the teacher's top-1 at depth i (slot t, position
+    t+i: the token depth i must draft for depth i+1 to count), not depth i's own top-1; drafting, which has no
+    teacher, reads its own, exactly as the "draft" cascade of the same weights does."""
+    own, taught = make(tiny, token_conditioned=True), make(tiny, token_conditioned=True, token_source="teacher")
+    taught.load_state_dict(own.state_dict())
+    for lin in (*own.tok_fc, *taught.tok_fc):
+        torch.nn.init.normal_(lin.weight, 0, 0.5)
+    taught.tok_fc.load_state_dict(own.tok_fc.state_dict())
+    ids = torch.randint(4, TINY_VOCAB, (1, 14))
+    f = features(tiny, ids, own.cfg.feature_layers)
+    teacher = torch.randint(4, TINY_VOCAB, (1, 14))
+    with torch.no_grad():
+        outs = taught.depth_outputs(f[:, :-1], ids[:, 1:], teacher_top1=teacher)
+        x = outs[0] + taught.tok_fc[0](taught.embed(teacher[:, 1:14]))  # depth 1 at slot t: position t+1
+        pos = torch.arange(13)[None]
+        y = taught.layers[1](x, position_ids=pos, position_embeddings=taught.rotary(x, pos))
+        torch.testing.assert_close(outs[1], y[0] if isinstance(y, tuple) else y, atol=1e-5, rtol=1e-4)
+        for a, b in zip(own.depth_outputs(f[:, :-1], ids[:, 1:]), taught.depth_outputs(f[:, :-1], ids[:, 1:])):
+            torch.testing.assert_close(a, b)
+    probs = torch.tensor([0.75, 0.25]).expand(1, 14, 2).clone()
+    top = torch.stack([teacher, torch.randint(4, TINY_VOCAB, (1, 14))], -1)
+    loss_own = own.train().loss(f, ids, torch.ones(1, 14), top, probs)[0]
+    loss_taught = taught.train().loss(f, ids, torch.ones(1, 14), top, probs)[0]
+    assert not torch.isclose(loss_own, loss_taught)  # the teacher's tokens, not its own, reached the layers
+    loss_taught.backward()
+    assert all(lin.weight.grad.abs().sum() > 0 for lin in taught.tok_fc)

@@ -137,6 +137,7 @@ def start(cfg: TrainConfig, target=None) -> Run:
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
                                     loss_decay=cfg.loss_decay, loss_targets=cfg.loss_targets,
                                     token_conditioned=cfg.token_conditioned and cfg.drafter == "fasteagle",
+                                    token_source=cfg.token_source if cfg.drafter == "fasteagle" else "draft",
                                     # a draft vocab of them all is the whole one: 0
                                     draft_vocab=cfg.draft_vocab if cfg.draft_vocab < vocab_size else 0)
     drafter_cls = CascadedDrafter
