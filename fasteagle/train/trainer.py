@@ -400,6 +400,7 @@ class Progress:
     epoch: int = 0
     in_epoch: int = 0  # batches of the epoch done
     trained_s: float = 0.0  # wall time spent training, a resumed run's earlier part included
+    cpu_s: float = 0.0  # this process's CPU time spent training (every thread; a paused run's pause not counted)
     tokens: int = 0  # reply tokens the loss has counted so far (a resumed run's earlier part included)
     history: list[dict] = field(default_factory=list)
 
@@ -413,7 +414,8 @@ def resume(run: Run) -> Progress:
     state = json.loads((ckpt / "state.json").read_text())
     run.accel.load_state(str(ckpt / state.get("dir", ".")))  # no "dir": a checkpoint saved in place before
     progress = Progress(step=state["step"], epoch=state.get("epoch", 0), in_epoch=state.get("in_epoch", 0),
-                        trained_s=state.get("train_seconds", 0.0), tokens=state.get("tokens", 0))
+                        trained_s=state.get("train_seconds", 0.0), cpu_s=state.get("cpu_seconds", 0.0),
+                        tokens=state.get("tokens", 0))
     run.accel.print(f"resumed at step {progress.step} (epoch {progress.epoch}, batch {progress.in_epoch}, "
                     f"{progress.trained_s / 60:.1f} min trained)")
     return progress
@@ -426,6 +428,7 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
     cfg, accel = run.cfg, run.accel
     bar = tqdm(total=total_steps, initial=progress.step, desc="train", disable=not accel.is_main_process)
     t_train = time.monotonic() - progress.trained_s  # a resumed run's schedule and time budget go on, not restart
+    cpu_train = time.process_time() - progress.cpu_s
 
     def out_of_time() -> bool:
         return bool(cfg.minutes) and time.monotonic() - t_train > cfg.minutes * 60
@@ -441,7 +444,8 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
         count_tokens()
         save_checkpoint(accel, run.out / "checkpoint",
                         {"step": progress.step, "epoch": progress.epoch, "in_epoch": progress.in_epoch,
-                         "train_seconds": round(time.monotonic() - t_train, 3), "tokens": progress.tokens})
+                         "train_seconds": round(time.monotonic() - t_train, 3),
+                         "cpu_seconds": round(time.process_time() - cpu_train, 3), "tokens": progress.tokens})
 
     start, done = progress.step, progress.step >= total_steps or out_of_time()
     while not done:
@@ -480,6 +484,7 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
     if progress.step > start and progress.step % cfg.checkpoint_every:
         checkpoint()
     progress.trained_s = time.monotonic() - t_train
+    progress.cpu_s = time.process_time() - cpu_train
 
 
 def run_info(run: Run, progress: Progress, epochs_done: float, replies: ReplyStats, before: dict,
@@ -491,6 +496,7 @@ def run_info(run: Run, progress: Progress, epochs_done: float, replies: ReplySta
         "steps": progress.step, "epochs_done": epochs_done, "train_tokens": int(replies.counts.sum()),
         "tokens_trained": progress.tokens,
         "tokens_per_feature_dir": replies.tokens_per_dir, "train_minutes": round(train_minutes, 2),
+        "train_cpu_minutes": round(progress.cpu_s / 60, 2),  # CPU time: what a paused or shared run spent
         "total_minutes": round((time.monotonic() - run.t_start) / 60, 2),
         "device": torch.cuda.get_device_name() if accel.device.type == "cuda" else "cpu",
         "command": command, "steps_all": before["steps_all"] + progress.step,
@@ -568,7 +574,8 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
         f"- training: {t['steps']} steps ({t['epochs_done']:.2f} epochs), lr {t['lr']}, "
         + (f"micro-batches of {t['micro_batch']} sequences" if t.get("micro_batch") else
            f"batch {t['batch_tokens']} tokens (feature shards of {t['distill_batch']} sequences when distilled)"),
-        f"- hardware: {t['device']}; wall time {t['total_minutes']} min in all, {t['train_minutes']} min training",
+        f"- hardware: {t['device']}; wall time {t['total_minutes']} min in all, {t['train_minutes']} min training "
+        f"({t['train_cpu_minutes']} min of CPU time)",
         "", "## Holdout acceptance (teacher-forced, greedy self-distilled replies)", "",
         "| depth | " + " | ".join(str(i + 1) for i in range(len(h.get("depth_top1_given_spine", [])))) + " |",
         "|---|" + "---|" * len(h.get("depth_top1_given_spine", [])),

@@ -133,16 +133,19 @@ def test_a_resumed_run_trains_on_what_an_unbroken_one_would(tiny, tmp_path, monk
 
 
 def test_a_resumed_timed_run_keeps_its_clock(tiny, tmp_path):
-    """The wall-time schedule and budget go on from the checkpoint's training time, not from zero."""
+    """The wall-time schedule and budget go on from the checkpoint's training time, not from zero; so does
+    the CPU time, which a paused or shared run's wall clock overstates."""
     save_token_dataset(self_written(tiny, 8, seed=3, new=20), tmp_path / "train.pt")
     kw = dict(out=str(tmp_path / "d"), data=str(tmp_path / "train.pt"), num_layers=2, intermediate=64, topk=4,
               batch_tokens=200, warmup=1, checkpoint_every=2, device="cpu", minutes=1.0)
     train(TrainConfig(max_steps=2, **kw), target=tiny)
     state_file = tmp_path / "d" / "checkpoint" / "state.json"
-    state_file.write_text(json.dumps(json.loads(state_file.read_text()) | {"train_seconds": 60.0}))
+    assert json.loads(state_file.read_text())["cpu_seconds"] > 0
+    state_file.write_text(json.dumps(json.loads(state_file.read_text()) | {"train_seconds": 60.0, "cpu_seconds": 30.0}))
     out = train(TrainConfig(max_steps=50, **kw), target=tiny)  # its minute is spent: no step more
     info = CascadedDrafter.load(out, tiny.model).info["training"]
     assert info["steps"] == 2 and info["train_minutes"] >= 1.0
+    assert info["train_cpu_minutes"] == 0.5  # the checkpoint's CPU time, restored
 
 
 def test_a_run_killed_while_checkpointing_resumes_from_the_checkpoint_before(tiny, tmp_path, monkeypatch):
