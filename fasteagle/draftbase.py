@@ -373,12 +373,12 @@ class DrafterBase(nn.Module):
         distribution is the teacher's top-k at position t+i, counted only where loss_mask[t+1+i].
         The LM head runs only on the counted positions (prompts cost attention, not vocabulary).
         Teacher tokens outside the draft vocab carry no loss; acc{i} counts them as misses. With
-        `loss_targets` "hard" the target is the teacher's top-1 token alone. With `token_source` "teacher" a
-        token-conditioned cascade's layers read the teacher's top-1 where they would read their own.
+        `loss_targets` "hard" the target is the teacher's top-1 token alone. With `token_source` "true" a
+        token-conditioned cascade's layers read the sequence's own tokens where they would read their drafts.
         """
         L = input_ids.shape[1]
-        teacher = {"teacher_top1": teacher_ids[..., 0]} if self.cfg.token_source == "teacher" else {}
-        outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], **teacher)
+        true = {"true_tokens": True} if self.cfg.token_conditioned and self.cfg.token_source == "true" else {}
+        outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], **true)
         rows, to_row = self._loss_rows(teacher_ids)
         total, stats = 0.0, {}
         for i, h in enumerate(outs, start=1):

@@ -36,7 +36,8 @@ class DrafterConfig:
     loss_targets: str = "soft"  # "soft": the teacher's top-k distribution; "hard": its top-1 token only
     token_conditioned: bool = False  # cascade only: layer i+1 also reads the embedding of depth i's top-1 draft
     token_source: str = "draft"  # what token_conditioned layers read in training: "draft", depth i's own top-1;
-    # "teacher", the teacher's top-1 there (what depth i must draft for depth i+1 to count); drafting reads its own
+    # "true", the sequence's own token there (what the deeper targets are conditioned on, and on the target's
+    # greedy replies what depth i must draft for depth i+1 to count); drafting always reads its own top-1
     depth: int = 7  # EAGLE-3 style only: unrolled training steps and draft tree depth
     draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)

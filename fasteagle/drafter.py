@@ -7,9 +7,10 @@
 With `token_conditioned`, layer i+1 also reads the token depth i drafts (its top-1, known within the
 same forward): h_{i+1} = L_{i+1}(h_i + T_i(embed(argmax p_i))), T_i a linear map that starts at zero,
 so a plain cascade grows into one without changing its function. By default it trains on its own top-1;
-with `token_source` "teacher" on the teacher's top-1 at that depth, the token depth i must draft for
-depth i+1 to count at all (EAGLE-3's training-time test likewise feeds its steps the true tokens, beside
-its own hidden states). Drafting always reads its own top-1; side branches of the tree are not conditioned.
+with `token_source` "true" on the sequence's own token at that depth: the one the deeper targets are
+conditioned on and, on the target's greedy replies, the one depth i must draft for depth i+1 to count at all
+(EAGLE-3's training-time test likewise feeds its steps the true tokens, beside its own hidden states).
+Drafting always reads its own top-1; side branches of the tree are not conditioned.
 
 One forward yields every depth's distribution (an EAGLE-style drafter needs one forward per
 depth). Each layer is a stock `LlamaDecoderLayer` attending causally over the accepted prefix with
@@ -103,15 +104,15 @@ class CascadedDrafter(DrafterBase):
             return self.embed(self.vocab_ids[self.head(h, depth).argmax(-1)])
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor,
-                      teacher_top1: torch.Tensor | None = None) -> list[torch.Tensor]:
+                      true_tokens: bool = False) -> list[torch.Tensor]:
         """Teacher-forced outputs for every depth over whole sequences: entry i-1 at position t
-        predicts token t+1+i. For the cascade that is simply layer i's output. `teacher_top1` (B, n+1), the
-        teacher's top-1 at each position, is what depth i must draft at slot t (position t+i) for depth i+1
-        to count: a token-conditioned cascade's layer i+1 reads it there (`token_source` "teacher")."""
+        predicts token t+1+i. For the cascade that is simply layer i's output. With `true_tokens` a
+        token-conditioned layer i+1 reads the sequence's token t+1+i at slot t (`token_source` "true"),
+        not depth i's draft of it."""
         b, n = next_ids.shape
         depth_tokens = None
-        if teacher_top1 is not None:
-            pad = F.pad(teacher_top1, (0, len(self.layers)))
+        if true_tokens:
+            pad = F.pad(next_ids, (0, len(self.layers)))  # next_ids[t] is token t+1
             depth_tokens = [pad[:, d:d + n] for d in range(1, len(self.layers))]
         return self.hidden(feats, next_ids, torch.arange(n, device=next_ids.device)[None].expand(b, -1),
                            depth_tokens=depth_tokens)

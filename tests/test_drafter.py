@@ -537,30 +537,29 @@ def test_shipped_drafter_is_lossless_and_accepts_on_the_default_model(smollm):
     assert all(v > 1.3 for v in mean.values()), mean
 
 
-def test_a_cascade_trained_on_the_teachers_tokens_reads_them_in_training_and_its_own_when_drafting(tiny):
-    """token_source "teacher": in the loss, layer i+1 reads the teacher's top-1 at depth i (slot t, position
-    t+i: the token depth i must draft for depth i+1 to count), not depth i's own top-1; drafting, which has no
-    teacher, reads its own, exactly as the "draft" cascade of the same weights does."""
-    own, taught = make(tiny, token_conditioned=True), make(tiny, token_conditioned=True, token_source="teacher")
-    taught.load_state_dict(own.state_dict())
-    for lin in (*own.tok_fc, *taught.tok_fc):
+def test_a_cascade_trained_on_true_tokens_reads_them_in_training_and_its_own_when_drafting(tiny):
+    """token_source "true": in the loss, layer i+1 at slot t reads the sequence's token t+1+i (the one the
+    deeper targets are conditioned on), not depth i's top-1 draft of it; drafting, which has no sequence ahead,
+    reads its own, exactly as the "draft" cascade of the same weights does."""
+    own, true = make(tiny, token_conditioned=True), make(tiny, token_conditioned=True, token_source="true")
+    for lin in own.tok_fc:
         torch.nn.init.normal_(lin.weight, 0, 0.5)
-    taught.tok_fc.load_state_dict(own.tok_fc.state_dict())
+    true.load_state_dict(own.state_dict())
     ids = torch.randint(4, TINY_VOCAB, (1, 14))
     f = features(tiny, ids, own.cfg.feature_layers)
-    teacher = torch.randint(4, TINY_VOCAB, (1, 14))
     with torch.no_grad():
-        outs = taught.depth_outputs(f[:, :-1], ids[:, 1:], teacher_top1=teacher)
-        x = outs[0] + taught.tok_fc[0](taught.embed(teacher[:, 1:14]))  # depth 1 at slot t: position t+1
+        outs = true.depth_outputs(f[:, :-1], ids[:, 1:], true_tokens=True)
+        depth1 = torch.cat([ids[:, 2:], ids.new_zeros(1, 1)], 1)  # slot t: token t+2, padded past the end
+        x = outs[0] + true.tok_fc[0](true.embed(depth1))
         pos = torch.arange(13)[None]
-        y = taught.layers[1](x, position_ids=pos, position_embeddings=taught.rotary(x, pos))
+        y = true.layers[1](x, position_ids=pos, position_embeddings=true.rotary(x, pos))
         torch.testing.assert_close(outs[1], y[0] if isinstance(y, tuple) else y, atol=1e-5, rtol=1e-4)
-        for a, b in zip(own.depth_outputs(f[:, :-1], ids[:, 1:]), taught.depth_outputs(f[:, :-1], ids[:, 1:])):
+        for a, b in zip(own.depth_outputs(f[:, :-1], ids[:, 1:]), true.depth_outputs(f[:, :-1], ids[:, 1:])):
             torch.testing.assert_close(a, b)
     probs = torch.tensor([0.75, 0.25]).expand(1, 14, 2).clone()
-    top = torch.stack([teacher, torch.randint(4, TINY_VOCAB, (1, 14))], -1)
+    top = torch.randint(4, TINY_VOCAB, (1, 14, 2))
     loss_own = own.train().loss(f, ids, torch.ones(1, 14), top, probs)[0]
-    loss_taught = taught.train().loss(f, ids, torch.ones(1, 14), top, probs)[0]
-    assert not torch.isclose(loss_own, loss_taught)  # the teacher's tokens, not its own, reached the layers
-    loss_taught.backward()
-    assert all(lin.weight.grad.abs().sum() > 0 for lin in taught.tok_fc)
+    loss_true = true.train().loss(f, ids, torch.ones(1, 14), top, probs)[0]
+    assert not torch.isclose(loss_own, loss_true)  # the sequence's tokens, not its drafts, reached the layers
+    loss_true.backward()
+    assert all(lin.weight.grad.abs().sum() > 0 for lin in true.tok_fc)

@@ -168,7 +168,7 @@ def binding_batch(kv_per_token: int, context: int, memory_gb: float, weights_gb:
 
 
 def gpu_arithmetic(drafter_layers: dict[str, int], contexts: tuple[int, ...] = (2048, 8192)) -> dict:
-    """KV bytes per token of the 8B shape with each method's drafter layers (EAGLE-3: 1, the cascade: N), and
+    """KV bytes per token of the 8B shape with each method's drafter layers (EAGLE-3: 1, the cascade: min(N, k)), and
     the batch at which the KV cache would fill the 80 GB GPU at each context length."""
     g = GPU_8B
     layer = layer_kv_bytes(g["kv_heads"], g["head_dim"], g["bytes"])

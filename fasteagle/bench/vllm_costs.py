@@ -203,9 +203,9 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
     with tempfile.TemporaryDirectory() as tmp:
         for m in kinds:
             cfg = read_config(settings.drafter_dir(m))[0]
-            shapes[m] = {key: cfg.get(key) for key in ("width", "num_layers", "intermediate", "draft_vocab")}
             if kinds[m] != "eagle3":  # the plugin builds one cascade layer per drafted token (vllm_cascade)
                 cfg = cfg | {"num_layers": min(cfg["num_layers"], k)}
+            shapes[m] = {key: cfg.get(key) for key in ("width", "num_layers", "intermediate", "draft_vocab")}
             raw[m] = costs_at(str(shape_model(cfg, Path(tmp) / m)), [], rows[m],
                               repeating_prompt(shapes[m]["draft_vocab"] or cfg["vocab_size"]), repeats, m,
                               max_num_seqs=max(rows[m]))["1"]

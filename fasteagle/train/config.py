@@ -50,7 +50,7 @@ class TrainConfig:
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
     loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
     token_conditioned: bool = False  # fasteagle: each layer also reads the token the layer before drafted
-    token_source: str = "draft"  # that token in training: "draft" (its own top-1) or "teacher" (the teacher's)
+    token_source: str = "draft"  # that token in training: "draft" (its own top-1) or "true" (the sequence's)
     topk: int = 16
     draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens; with init_from,
     # a number above its draft vocab grows it (the vocabulary size or more: all of it)
@@ -123,7 +123,7 @@ _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") f
            | {n: (0, "above 0") for n in _ABOVE_0})
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
 _CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"), "layout": ("eagle3", "proj"),
-            "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"), "token_source": ("draft", "teacher"),
+            "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"), "token_source": ("draft", "true"),
             "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
 
 

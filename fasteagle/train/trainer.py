@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from fasteagle.drafter import CascadedDrafter, DrafterConfig
+from fasteagle.draftconfig import DrafterConfig
+from fasteagle.drafter import CascadedDrafter
 from fasteagle.errors import FastEagleError
 from fasteagle.files import check_writable, write_text
 from fasteagle.methods import load_drafter
@@ -575,7 +576,7 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
         + (f"micro-batches of {t['micro_batch']} sequences" if t.get("micro_batch") else
            f"batch {t['batch_tokens']} tokens (feature shards of {t['distill_batch']} sequences when distilled)"),
         f"- hardware: {t['device']}; wall time {t['total_minutes']} min in all, {t['train_minutes']} min training "
-        f"({t['train_cpu_minutes']} min of CPU time)",
+        f"({t['train_cpu_minutes']} min of CPU time, every thread's)",
         "", "## Holdout acceptance (teacher-forced, greedy self-distilled replies)", "",
         "| depth | " + " | ".join(str(i + 1) for i in range(len(h.get("depth_top1_given_spine", [])))) + " |",
         "|---|" + "---|" * len(h.get("depth_top1_given_spine", [])),
