@@ -31,6 +31,8 @@ class TrainConfig:
     prompt_tail: int = PROMPT_TAIL  # distillation keeps a prompt's last this many tokens
     distill_batch: int = 128
     distill_minutes: float | None = None
+    distill_batches: int | None = None  # at most this many batches of distill_batch prompts (what a time-capped
+    # run made, made again exactly: the same prompts in the same order, seeded sampling)
     distill_sample_every: int = 4  # every n-th distillation batch is sampled (temperature 0.7); 1: all, 0: none
     distill_only: bool = False  # stop once the data is written (distilled.pt, holdout_distilled.pt, shards)
     distill_engine: str = "ours"  # "vllm": replies by vLLM's batched generation (requirements-vllm.txt)
@@ -115,13 +117,14 @@ class TrainConfig:
 
 _FLAGS = {"extra_data": "--add-data", "extra_features": "--add-features"}  # the rest: --name-with-dashes
 _AT_LEAST_1 = ("max_len", "prompt_tail", "num_layers", "depth", "intermediate", "topk", "batch_tokens",
-               "checkpoint_every", "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit")
+               "checkpoint_every", "distill_max_new", "distill_batch", "keep_prompt", "max_steps", "limit",
+               "distill_batches")
 _AT_LEAST_0 = ("skip", "draft_vocab", "loss_vocab", "micro_batch", "warmup", "distill_sample_every",
                "eval_sequences", "seed", "weight_decay", "lr")  # lr 0: evaluate a drafter as it is
 _ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard_mb", "shard_fraction")
 _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") for n in _AT_LEAST_0}
            | {n: (0, "above 0") for n in _ABOVE_0})
-_OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb")  # None: no such limit
+_OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb", "distill_batches")  # None: no such limit
 _CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3"), "layout": ("eagle3", "proj"),
             "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"), "token_source": ("draft", "true"),
             "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}

@@ -21,9 +21,10 @@ CHUNK = 256  # prompts handed to vLLM at a time: enough to keep its batch full, 
 
 def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256,
                  batch_size: int = 128, time_budget_s: float | None = None, sample_every: int = 4,
-                 seed: int = 0, timing: dict | None = None) -> dict:
+                 seed: int = 0, timing: dict | None = None, max_batches: int | None = None) -> dict:
     """The target's replies to `prompts` made by vLLM (fp32, as ours), as a token dataset that also says
-    which engine made it (`engine`); `timing`, if given, gets the engine's start-up and generation seconds."""
+    which engine made it (`engine`); `timing`, if given, gets the engine's start-up and generation seconds.
+    `max_batches`: only the prompts our engine's first that many batches would take (`distill_order`)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -33,7 +34,8 @@ def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_ne
     llm = _all_cores(lambda: ve.engine(target, "vanilla", seed=seed))
     load_s = time.monotonic() - t0
     stop = [t for t in {tokenizer.eos_token_id, *_eos_ids(llm)} if t is not None]
-    order = distill_order([len(p) for p in prompts], batch_size, seed)
+    order = distill_order([len(p) for p in prompts], batch_size, seed)[:None if max_batches is None
+                                                                         else max_batches * batch_size]
 
     def params(pos: int) -> SamplingParams:
         sampled = bool(sample_every) and (pos // batch_size) % sample_every == sample_every - 1

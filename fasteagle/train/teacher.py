@@ -127,14 +127,16 @@ def distill_order(lengths: list[int], batch_size: int, seed: int) -> list[int]:
 
 @torch.no_grad()
 def self_distill(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256, batch_size: int = 128,
-                 time_budget_s: float | None = None, sample_every: int = 4, seed: int = 0) -> dict:
+                 time_budget_s: float | None = None, sample_every: int = 4, seed: int = 0,
+                 max_batches: int | None = None) -> dict:
     """Regenerate replies to `prompts` with the target (batched, left-padded). Every
     `sample_every`-th batch is sampled (temperature 0.7) so the drafter also sees non-greedy text.
-    Prompts are visited in `distill_order`. Returns a token dataset (`fasteagle.train.data` layout)
-    with the loss on the reply only."""
+    Prompts are visited in `distill_order`, the first `max_batches` batches of them if given. Returns a
+    token dataset (`fasteagle.train.data` layout) with the loss on the reply only."""
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    order = distill_order([len(p) for p in prompts], batch_size, seed)
+    order = distill_order([len(p) for p in prompts], batch_size, seed)[:None if max_batches is None
+                                                                         else max_batches * batch_size]
     torch.manual_seed(seed)
     out_ids, out_mask, out_prompt, out_src, t0 = [], [], [], [], time.monotonic()
     for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill")):
@@ -174,14 +176,16 @@ def _as_list(x) -> list:
 @torch.no_grad()
 def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | Path, feature_layers: list[int],
                      max_new_tokens: int = 256, batch_size: int = 32, time_budget_s: float | None = None,
-                     sample_every: int = 4, topk: int = 16, keep_prompt: int = 64, seed: int = 0) -> Path:
+                     sample_every: int = 4, topk: int = 16, keep_prompt: int = 64, seed: int = 0,
+                     max_batches: int | None = None) -> Path:
     """Self-distillation that writes the feature cache in the same pass: while the target
     generates its replies, its hidden states and logits at every position are exactly the teacher
     signal, so no second target pass is needed (on a CPU that halves the cost of the data).
 
     Shards hold the last `keep_prompt` prompt tokens plus the reply (the drafter needs some prompt
     context; the loss is on the reply only). Resumable: batch b goes to shard-b, skipped if present
-    (a directory made from other prompts or settings is refused); prompts are visited in `distill_order`.
+    (a directory made from other prompts or settings is refused); prompts are visited in `distill_order`,
+    the first `max_batches` batches of them if given.
     """
     out = Path(out_dir)
     _claim_dir(out, {"kind": "distill", "prompts": _digest(prompts), "feature_layers": list(feature_layers),
@@ -190,7 +194,8 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop = set(_as_list(model.generation_config.eos_token_id)) | {tokenizer.eos_token_id}
-    order = distill_order([len(p) for p in prompts], batch_size, seed)
+    order = distill_order([len(p) for p in prompts], batch_size, seed)[:None if max_batches is None
+                                                                         else max_batches * batch_size]
     t0 = time.monotonic()
     for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill + features")):
         path = out / f"shard-{b:05d}.pt"

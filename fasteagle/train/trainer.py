@@ -184,14 +184,14 @@ def distill(run: Run, train_data: dict | None) -> dict | None:
     if cfg.features == "cache":  # one target pass yields both the replies and their features
         distill_features(model, tok, prompts, run.fdir, run.dcfg.feature_layers, cfg.distill_max_new,
                          cfg.distill_batch, budget, sample_every=cfg.distill_sample_every,
-                         topk=cfg.topk, keep_prompt=cfg.keep_prompt, seed=cfg.seed)
+                         topk=cfg.topk, keep_prompt=cfg.keep_prompt, seed=cfg.seed, max_batches=cfg.distill_batches)
         return None
     if (out / "distilled.pt").exists():
         # a rerun in the same --out (after --distill-only, or resuming) trains on what was written
         run.accel.print(f"reusing {out / 'distilled.pt'} (delete it to distill again)")
         return data_mod.load_token_dataset(out / "distilled.pt")
     train_data = self_distill(model, tok, prompts, cfg.distill_max_new, cfg.distill_batch, budget,
-                              sample_every=cfg.distill_sample_every, seed=cfg.seed)
+                              sample_every=cfg.distill_sample_every, seed=cfg.seed, max_batches=cfg.distill_batches)
     if not train_data["input_ids"] and not cfg.extra_data:
         raise no_data(cfg, distilled=True)
     data_mod.save_token_dataset(train_data, out / "distilled.pt")
@@ -207,7 +207,8 @@ def vllm_distill(run: Run, prompts: list[list[int]], budget: float | None) -> di
         run.accel.print(f"reusing {path} (delete it to distill again)")
         return data_mod.load_token_dataset(path)
     train_data = vllm_replies(cfg.target, run.target.tokenizer, prompts, cfg.distill_max_new, cfg.distill_batch,
-                              budget, sample_every=cfg.distill_sample_every, seed=cfg.seed)
+                              budget, sample_every=cfg.distill_sample_every, seed=cfg.seed,
+                              max_batches=cfg.distill_batches)
     if not train_data["input_ids"] and not cfg.extra_data:
         raise no_data(cfg, distilled=True)
     data_mod.save_token_dataset(train_data, path)

@@ -51,3 +51,21 @@ def test_distilled_features_of_other_prompts_or_settings_are_refused(tiny, tmp_p
     with pytest.raises(FastEagleError, match="other data or settings"):
         distill_features(tiny.model, tiny.tokenizer, prompts, d, [1, 2], **(kw | {"seed": 1}))
     assert _stamps(d) == before
+
+
+def test_a_batch_cap_makes_again_exactly_what_a_time_cap_made(tiny, tmp_path):
+    """`max_batches` (distill_batches): the first B batches in distill order, whatever the clock, so a
+    time-capped run's data can be made again byte for byte; the replies of self_distill and the shards of
+    distill_features take the same prompts."""
+    from fasteagle.train.teacher import self_distill
+
+    prompts = _seqs(3, lengths=(6, 9, 7, 5, 8, 4))
+    kw = dict(max_new_tokens=5, batch_size=2, sample_every=2, seed=0)
+    whole = self_distill(tiny.model, tiny.tokenizer, prompts, **kw)
+    two = self_distill(tiny.model, tiny.tokenizer, prompts, max_batches=2, **kw)
+    assert len(whole["input_ids"]) == 6 and len(two["input_ids"]) == 4
+    assert two == self_distill(tiny.model, tiny.tokenizer, prompts, max_batches=2, **kw)  # seeded, sampled too
+    assert sorted(map(tuple, two["prompt_ids"])) == sorted(map(tuple, whole["prompt_ids"][:4]))
+    distill_features(tiny.model, tiny.tokenizer, prompts, tmp_path / "f", [1, 2], topk=4, keep_prompt=4,
+                     max_batches=2, **kw)
+    assert len(_stamps(tmp_path / "f")) == 2
