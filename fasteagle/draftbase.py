@@ -360,9 +360,11 @@ class DrafterBase(nn.Module):
         return [*self.parameters(), *self.buffers(), self.head_weight(), self.embed_weight(),
                 *(m.weight for f in fused for m in (f.qkv, f.gate_up))]
 
-    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
+    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor,
+                      true_tokens: bool = False) -> list[torch.Tensor]:
         """Teacher-forced outputs for every depth over whole sequences (B, L): entry i-1 at position t
-        predicts token t+1+i. The subclass's own network."""
+        predicts token t+1+i. The subclass's own network; `true_tokens`: where a depth reads the token the
+        one before it drafted, it reads the sequence's own there (`token_source` "true")."""
         raise NotImplementedError
 
     def loss(self, feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -377,8 +379,7 @@ class DrafterBase(nn.Module):
         token-conditioned cascade's layers read the sequence's own tokens where they would read their drafts.
         """
         L = input_ids.shape[1]
-        true = {"true_tokens": True} if self.cfg.token_conditioned and self.cfg.token_source == "true" else {}
-        outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], **true)
+        outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], self.cfg.token_source == "true")
         rows, to_row = self._loss_rows(teacher_ids)
         total, stats = 0.0, {}
         for i, h in enumerate(outs, start=1):

@@ -111,7 +111,7 @@ class CascadedDrafter(DrafterBase):
         not depth i's draft of it."""
         b, n = next_ids.shape
         depth_tokens = None
-        if true_tokens:
+        if true_tokens and self.cfg.token_conditioned:
             pad = F.pad(next_ids, (0, len(self.layers)))  # next_ids[t] is token t+1
             depth_tokens = [pad[:, d:d + n] for d in range(1, len(self.layers))]
         return self.hidden(feats, next_ids, torch.arange(n, device=next_ids.device)[None].expand(b, -1),

@@ -158,8 +158,10 @@ class AutoregressiveDrafter(DrafterBase):
             x = self.run_layer(i, x, position_ids, pe, mask, cache)
         return x
 
-    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor) -> list[torch.Tensor]:
-        """Training-time test: `depth` unrolled steps over whole sequences.
+    def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor,
+                      true_tokens: bool = False) -> list[torch.Tensor]:
+        """Training-time test: `depth` unrolled steps over whole sequences (each step reads the sequence's
+        own token, so `true_tokens` changes nothing).
 
         Step a at slot t stands at position t+a-1, reads token t+a and the previous step's output
         at slot t, and attends to step 1's slots <= t (the real prefix) plus its own chain's

@@ -138,6 +138,12 @@ def layer_kv_bytes(kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     return 2 * kv_heads * head_dim * dtype_bytes
 
 
+def layers_built(num_layers: int, cascade: bool, k: int) -> int:
+    """A drafter's layers inside vLLM drafting chains of k: EAGLE-3's all (usually one); the cascade's first
+    k at most, all our plugin builds (`fasteagle.vllm_cascade.built_depths`)."""
+    return min(num_layers, k) if cascade else num_layers
+
+
 def kv_bytes_per_token(config, drafter: Path | None, k: int, dtype_bytes: int = 4) -> dict:
     """KV-cache bytes one token holds: the target's layers, and a drafter's (EAGLE-3: its layers, usually one;
     the cascade: one per drafted token, min(N, k), as the plugin builds them), from the configs. vLLM's own CPU
@@ -153,7 +159,7 @@ def kv_bytes_per_token(config, drafter: Path | None, k: int, dtype_bytes: int = 
     out = {"target": per_layer(t) * t["num_hidden_layers"], "drafter": 0, "drafter_layer": 0}
     if drafter is not None:
         d = json.loads((Path(drafter) / "config.json").read_text())
-        n = min(d["num_hidden_layers"], k) if d.get("fasteagle_kind") == "fasteagle" else d["num_hidden_layers"]
+        n = layers_built(d["num_hidden_layers"], d.get("fasteagle_kind") == "fasteagle", k)
         out |= {"drafter": per_layer(d) * n, "drafter_layer": per_layer(d)}
     return out | {"total": out["target"] + out["drafter"]}
 

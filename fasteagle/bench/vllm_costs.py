@@ -182,6 +182,7 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
 
     import torch
 
+    from fasteagle.bench.batches import layers_built
     from fasteagle.bench.timing import device_name
     from fasteagle.draftconfig import read_config
     from fasteagle.methods import canonical
@@ -203,8 +204,7 @@ def measure(sweep_file: str | Path, target_dir: str | None, settings, repeats: i
     with tempfile.TemporaryDirectory() as tmp:
         for m in kinds:
             cfg = read_config(settings.drafter_dir(m))[0]
-            if kinds[m] != "eagle3":  # the plugin builds one cascade layer per drafted token (vllm_cascade)
-                cfg = cfg | {"num_layers": min(cfg["num_layers"], k)}
+            cfg = cfg | {"num_layers": layers_built(cfg["num_layers"], kinds[m] != "eagle3", k)}
             shapes[m] = {key: cfg.get(key) for key in ("width", "num_layers", "intermediate", "draft_vocab")}
             raw[m] = costs_at(str(shape_model(cfg, Path(tmp) / m)), [], rows[m],
                               repeating_prompt(shapes[m]["draft_vocab"] or cfg["vocab_size"]), repeats, m,

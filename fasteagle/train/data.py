@@ -323,7 +323,7 @@ def distilled_by(data: dict[str, list], runs: Sequence[str], keep: bool = False)
             seed, batch, batches = (int(x) for x in run.split(":"))
         except ValueError:
             raise FastEagleError(f"a distillation run is SEED:BATCH:BATCHES (integers), not {run!r}") from None
-        used.update(distill_order(lengths, batch, seed)[: batch * batches])
+        used.update(distill_order(lengths, batch, seed, batches))
     chosen = [i for i in range(len(lengths)) if (i in used) == keep]
     return {k: [data[k][i] for i in chosen] for k in TOKEN_DATASET_KEYS}
 

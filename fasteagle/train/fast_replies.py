@@ -34,8 +34,7 @@ def vllm_replies(target: str | None, tokenizer, prompts: list[list[int]], max_ne
     llm = _all_cores(lambda: ve.engine(target, "vanilla", seed=seed))
     load_s = time.monotonic() - t0
     stop = [t for t in {tokenizer.eos_token_id, *_eos_ids(llm)} if t is not None]
-    order = distill_order([len(p) for p in prompts], batch_size, seed)[:None if max_batches is None
-                                                                         else max_batches * batch_size]
+    order = distill_order([len(p) for p in prompts], batch_size, seed, max_batches)
 
     def params(pos: int) -> SamplingParams:
         sampled = bool(sample_every) and (pos // batch_size) % sample_every == sample_every - 1

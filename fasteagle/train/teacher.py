@@ -115,14 +115,16 @@ def load_shard(path: Path) -> Batch:
 PROMPT_TAIL = 512  # distillation keeps a prompt's last this many tokens
 
 
-def distill_order(lengths: list[int], batch_size: int, seed: int) -> list[int]:
+def distill_order(lengths: list[int], batch_size: int, seed: int, max_batches: int | None = None) -> list[int]:
     """The order a distillation run visits its prompts (batch b is order[b*batch_size:][:batch_size]):
     shuffled (seeded), then length-sorted within windows of 8 batches, so a time budget cuts a random
     subset rather than only the shortest prompts, while padding stays small. Deterministic, so a later
-    run can leave out the prompts an earlier one used (`python -m fasteagle.train.data --exclude-distilled`)."""
+    run can leave out the prompts an earlier one used (`python -m fasteagle.train.data --exclude-distilled`)
+    and a batch cap (`max_batches`, the first that many batches) makes a timed run's prompts again."""
     perm = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
     window = batch_size * 8
-    return [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lambda i: lengths[i])]
+    order = [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lambda i: lengths[i])]
+    return order if max_batches is None else order[:max_batches * batch_size]
 
 
 @torch.no_grad()
@@ -135,8 +137,7 @@ def self_distill(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
     token dataset (`fasteagle.train.data` layout) with the loss on the reply only."""
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    order = distill_order([len(p) for p in prompts], batch_size, seed)[:None if max_batches is None
-                                                                         else max_batches * batch_size]
+    order = distill_order([len(p) for p in prompts], batch_size, seed, max_batches)
     torch.manual_seed(seed)
     out_ids, out_mask, out_prompt, out_src, t0 = [], [], [], [], time.monotonic()
     for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill")):
@@ -194,8 +195,7 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
     dev = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stop = set(_as_list(model.generation_config.eos_token_id)) | {tokenizer.eos_token_id}
-    order = distill_order([len(p) for p in prompts], batch_size, seed)[:None if max_batches is None
-                                                                         else max_batches * batch_size]
+    order = distill_order([len(p) for p in prompts], batch_size, seed, max_batches)
     t0 = time.monotonic()
     for b, start in enumerate(tqdm(range(0, len(order), batch_size), desc="self-distill + features")):
         path = out / f"shard-{b:05d}.pt"
