@@ -124,10 +124,12 @@ def generate(llm, prompts: list[list[int]], max_new_tokens: int, temperature: fl
 
 
 def generate_timed(llm, prompts: list[list[int]], max_new_tokens: int,
-                   temperature: float = 0.0) -> tuple[list[list[int]], list[float]]:
-    """`generate`, and each request's latency in seconds by vLLM's own clock (queued to last token)."""
+                   temperature: float = 0.0) -> tuple[list[list[int]], list[float], float]:
+    """`generate`, each request's latency in seconds by vLLM's own clock (queued to last token), and the
+    call's prefill: from the first request queued to the last one's first token."""
     outs = generate_outputs(llm, prompts, max_new_tokens, temperature)
-    return [reply(o) for o in outs], [latency(o) for o in outs]
+    prefill = max(o.metrics.first_token_ts for o in outs) - min(o.metrics.queued_ts for o in outs)
+    return [reply(o) for o in outs], [latency(o) for o in outs], prefill
 
 
 def reply(out) -> list[int]:

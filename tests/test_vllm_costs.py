@@ -35,6 +35,19 @@ def test_the_limit_is_batch_times_tau_over_the_step():
     assert "| 4 | 50.0 | 60.0 | 9.0 |" in table and "100.0 / 115.9 (86%)" in table
 
 
+def test_the_limit_pays_the_prefill_the_sweep_measured():
+    """A call's tokens/s also pays its prefill, which no step prices: the limit pays the measured prefill, then
+    the decode steps at the modelled step, so only the steps' own overheads stay below it."""
+    row = {"tokens_per_s": 40.0, "tau": 2.0, "prefill_s": 0.5, "tokens": 4 * 49, "requests": 4}
+    sweep = {"k": 3, "batches": {"4": {"methods": {"fasteagle": row}}}}
+    out = limits(sweep, TARGET, DRAFTS, KINDS)["4"]["fasteagle"]
+    steps = (4 * 49 - 4) / (4 * 2.0)  # 24 steps of 4 requests, 2 tokens each, after the prefill's first tokens
+    assert out["limit_tokens_per_s"] == pytest.approx(4 * 49 / (0.5 + steps * 0.069))
+    no_prefill = limits({"k": 3, "batches": {"4": {"methods": {"fasteagle": row | {"prefill_s": None}}}}},
+                        TARGET, DRAFTS, KINDS)["4"]["fasteagle"]
+    assert out["limit_tokens_per_s"] < no_prefill["limit_tokens_per_s"] == pytest.approx(4 * 2.0 / 0.069)
+
+
 def test_a_file_that_is_not_a_batch_sweep_is_refused_in_one_line(tmp_path):
     from fasteagle.bench.vllm_costs import measure
     from fasteagle.errors import FastEagleError

@@ -75,16 +75,19 @@ def _one_engine(target_name, method, drafter, prompts, k, max_new, batch_sizes, 
             for b in batch_sizes:
                 batch = batch_of(prompts, b)
                 groups = [[p] for p in batch] if b == 1 else [batch]
-                before, t0, replies, latencies = ve.counters(llm), time.perf_counter(), [], []
+                before, t0, replies, latencies, prefill = ve.counters(llm), time.perf_counter(), [], [], 0.0
                 for group in groups:
-                    out, lat = ve.generate_timed(llm, group, max_new, temp)
+                    out, lat, first = ve.generate_timed(llm, group, max_new, temp)
                     replies += out
                     latencies += lat
+                    prefill += first
                 seconds = time.perf_counter() - t0
                 me = psutil.Process()
                 rss = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
-                row = {"tokens_per_s": sum(map(len, replies)) / seconds, "latency_s": statistics.mean(latencies),
-                       "rss_mb": rss / 2**20} | ({"replies": replies} if keep_replies and temp == 0 else {})
+                tokens = sum(map(len, replies))
+                row = {"tokens_per_s": tokens / seconds, "latency_s": statistics.mean(latencies),
+                       "prefill_s": prefill, "tokens": tokens, "requests": len(replies), "rss_mb": rss / 2**20}
+                row |= {"replies": replies} if keep_replies and temp == 0 else {}
                 if method != "vanilla":
                     acc = ve.acceptance(ve.since(ve.counters(llm), before))
                     row |= {"tau": acc["tau"], "per_position": acc["per_position"]}
@@ -106,6 +109,7 @@ def _summary(rows: list[dict]) -> dict:
     first = dict(rows[0])
     return first | {"tokens_per_s": mid, "tokens_per_s_runs": speeds, "spread": (max(speeds) - min(speeds)) / mid,
                     "latency_s": statistics.median(r["latency_s"] for r in rows),
+                    "prefill_s": statistics.median(r["prefill_s"] for r in rows),
                     "rss_mb": max(r["rss_mb"] for r in rows)}
 
 

@@ -5,8 +5,9 @@
 
 A batch sweep (`fasteagle.bench.batches`) measured tokens/s and tau; this measures what one engine step
 costs, in vLLM itself, and asks how close each method came to what those costs allow. A step of b requests
-each feeding q tokens to the model is timed over many steps: b requests decode M+1 tokens, less the same
-with 1 (so prefill and the call's fixed costs cancel), over the steps between. q = 1 is plain decoding;
+each feeding q tokens to the model is timed over many steps: b requests decode M*q+1 tokens (about M
+steps, whatever q), less the same with 1 (so prefill and the call's fixed costs cancel), over the steps
+between. q = 1 is plain decoding;
 q > 1 is vLLM's n-gram proposer drafting q-1 tokens a step (its lookup costs next to nothing) on a prompt
 that repeats itself, so it drafts at every step: the step that verifies q tokens per request, rejection
 sampler included. `query` records the tokens per request and step that ran; where it falls short of q
@@ -26,9 +27,11 @@ forward over those k+1 and k-1 mask rows, 2k per request (`vllm/v1/spec_decode/l
     eagle3: step(b, k+1) + draft(b, k+1) + (k-1) draft(b, 1)      cascade: step(b, k+1) + draft(b, 2k)
 
 and a method's limit is b * tau / step tokens/s, tau the sweep's own at that batch (tokens per request
-and step). Measured over limit says what the rest (the proposer's bookkeeping, the drafter's inputs and
-its sampling) costs on top. n-gram's limit assumes it drafts at every step; on real prompts it does not,
-so it can beat its limit.
+and step). The sweep's tokens/s also pays each call's prefill (the target's and the drafter's, up to the
+first token, by vLLM's clock), which no step prices; where the sweep recorded it (`prefill_s`), the limit
+pays it too: tokens / (prefill + (tokens - requests) / (b * tau) steps). Measured over limit says what the
+rest (the proposer's bookkeeping, the drafter's inputs and its sampling) costs on top. n-gram's limit
+assumes it drafts at every step; on real prompts it does not, so it can beat its limit.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from tqdm import tqdm
 from fasteagle.errors import FastEagleError
 from fasteagle.files import read_result
 
-DECODE_TOKENS = 32  # M: new tokens of a timed call (its one-token call subtracted)
+DECODE_TOKENS = 32  # M: steps of a timed call (M * q new tokens; its one-token call subtracted)
 PERIOD, REPEATS_IN_PROMPT = 16, 16  # a timed prompt's length: 256 tokens (two CPU blocks), +1
 
 
@@ -61,10 +64,11 @@ def shape_model(cfg: dict, folder: Path) -> Path:
     return folder
 
 
-def timed_steps(llm, sizes: list[int], prompt: list[int], repeats: int, label: str) -> dict:
+def timed_steps(llm, sizes: list[int], prompt: list[int], repeats: int, label: str, q: int = 1) -> dict:
     """ms per engine step of `llm` at each batch size ({b: {"ms", "query", "spread"}}), from the fastest of
     `repeats` timings of each call, taken in turn across batch sizes: a call's time varies by tens of ms with
-    the hand-offs between vLLM's three processes, and only upwards."""
+    the hand-offs between vLLM's three processes, and only upwards. A step that verifies q tokens makes up to
+    q, so a call asks for `DECODE_TOKENS` * q: about as many steps whatever q, and the same jitter per step."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -80,7 +84,8 @@ def timed_steps(llm, sizes: list[int], prompt: list[int], repeats: int, label: s
         return (time.perf_counter() - start) * 1e3, since(counters(llm), before)
 
     call(1, 2)  # caches the prompt
-    times = {(b, n): [] for b in sizes for n in (1, DECODE_TOKENS + 1)}
+    new = DECODE_TOKENS * q
+    times = {(b, n): [] for b in sizes for n in (1, new + 1)}
     drafted = {}
     for _ in tqdm(range(repeats), desc=f"vLLM steps: {label}", unit="round"):
         for b, n in times:
@@ -89,14 +94,13 @@ def timed_steps(llm, sizes: list[int], prompt: list[int], repeats: int, label: s
             drafted[b, n] = c
     out = {}
     for b in sizes:
-        c = drafted[b, DECODE_TOKENS + 1]
+        c = drafted[b, new + 1]
         # steps per request: every token but the accepted drafts took one, or every draft did; each count can
         # fall short (a last step's drafts past the token limit count as accepted; a step without a draft
         # has none), so the larger
-        steps = max(DECODE_TOKENS - c["accepted"] / b, c["drafts"] / b)
-        out[str(b)] = {"ms": (min(times[b, DECODE_TOKENS + 1]) - min(times[b, 1])) / steps,
-                       "query": 1 + c["draft_tokens"] / (b * steps),
-                       "spread": _spread(times[b, DECODE_TOKENS + 1])}
+        steps = max(new - c["accepted"] / b, c["drafts"] / b)
+        out[str(b)] = {"ms": (min(times[b, new + 1]) - min(times[b, 1])) / steps, "steps": steps,
+                       "query": 1 + c["draft_tokens"] / (b * steps), "spread": _spread(times[b, new + 1])}
     return out
 
 
@@ -118,7 +122,7 @@ def costs_at(model: str, queries: list[int], sizes: list[int], prompt: list[int]
         llm = engine(model, enable_prefix_caching=True, skip_tokenizer_init=True,
                      **({"speculative_config": spec} if q > 1 else {}), **options)
         try:
-            out[str(q)] = timed_steps(llm, sizes, prompt, repeats, f"{label}, q={q}")
+            out[str(q)] = timed_steps(llm, sizes, prompt, repeats, f"{label}, q={q}", q)
         finally:
             close(llm)
     for q, row in out.items():
@@ -163,16 +167,19 @@ def draft_queries(kind: str, k: int) -> list[int]:
 
 
 def limits(sweep: dict, target: dict, drafts: dict, kinds: dict) -> dict:
-    """Per batch size and method: the step ms, the limit tokens/s (b * tau / step) and the sweep's measured
-    tokens/s against it (greedy)."""
+    """Per batch size and method: the step ms, the limit tokens/s (b * tau / step, with the call's measured
+    prefill where the sweep has it) and the sweep's measured tokens/s against it (greedy)."""
     k, out = sweep["k"], {}
     for b, block in sweep["batches"].items():
         out[b] = {}
         for m, r in block["methods"].items():
-            ms = step_ms(m, kinds.get(m), int(b), k, target, drafts)
-            limit = int(b) * (r.get("tau") or 1.0) / ms * 1e3
+            ms, tau = step_ms(m, kinds.get(m), int(b), k, target, drafts), r.get("tau") or 1.0
+            limit = int(b) * tau / ms * 1e3
+            if r.get("prefill_s") is not None:  # the prefill it measured, then its decode steps at the limit
+                steps = (r["tokens"] - r["requests"]) / (int(b) * tau)
+                limit = r["tokens"] / (r["prefill_s"] + steps * ms / 1e3)
             out[b][m] = {"step_ms": ms, "limit_tokens_per_s": limit, "tokens_per_s": r["tokens_per_s"],
-                         "of_limit": r["tokens_per_s"] / limit}
+                         "of_limit": r["tokens_per_s"] / limit, "prefill_s": r.get("prefill_s")}
     return out
 
 
@@ -232,9 +239,11 @@ def markdown(doc: dict) -> str:
     k, t = doc["k"], doc["target"]
     sizes = list(t["1"])
     names = list(next(iter(doc["limits"].values())))
+    prefilled = any(r.get("prefill_s") is not None for row in doc["limits"].values() for r in row.values())
+    prices = "its measured prefill, then b x tau per step" if prefilled else "b x tau / step"
     head = (f"vLLM's steps on this CPU (ms, the fastest of {doc['repeats']} timings of {doc['decode_tokens']} steps "
             f"after a {doc['prompt_tokens']}-token prompt; the drafters at their shapes) and each method's limit "
-            f"(b x tau / step), chains of {k}\n\n| batch | step, 1 token | step, {k + 1} tokens | "
+            f"({prices}), chains of {k}\n\n| batch | step, 1 token | step, {k + 1} tokens | "
             + " | ".join(f"{m} drafting" for m in doc["drafters"]) + " | "
             + " | ".join(f"{m}: measured / limit" for m in names) + " |\n")
     head += "|---" * (3 + len(doc["drafters"]) + len(names)) + "|\n"
