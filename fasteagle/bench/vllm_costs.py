@@ -241,7 +241,9 @@ def markdown(doc: dict) -> str:
     names = list(next(iter(doc["limits"].values())))
     prefilled = any(r.get("prefill_s") is not None for row in doc["limits"].values() for r in row.values())
     prices = "its measured prefill, then b x tau per step" if prefilled else "b x tau / step"
-    head = (f"vLLM's steps on this CPU (ms, the fastest of {doc['repeats']} timings of {doc['decode_tokens']} steps "
+    # before 2026-11-29 a probe decoded decode_tokens new tokens whatever q; since then that many steps
+    span = "steps" if "steps" in next(iter(t["1"].values())) else "new tokens"
+    head = (f"vLLM's steps on this CPU (ms, the fastest of {doc['repeats']} timings of {doc['decode_tokens']} {span} "
             f"after a {doc['prompt_tokens']}-token prompt; the drafters at their shapes) and each method's limit "
             f"({prices}), chains of {k}\n\n| batch | step, 1 token | step, {k + 1} tokens | "
             + " | ".join(f"{m} drafting" for m in doc["drafters"]) + " | "
