@@ -120,8 +120,11 @@ def _read(path: str | Path):
         raise FastEagleError(f"recipe {path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
 
 
-def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str | None = None) -> None:
-    """The asked stages in order, each skipping what an earlier run already wrote."""
+def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str | None = None,
+        only: set[str] | None = None) -> None:
+    """The asked stages in order, each skipping what an earlier run already wrote; with `only`, the tune,
+    train and ship stages do only those drafters (one retrained while the others' runs stand)."""
+    only = set(recipe.drafters) if only is None else only
     if "ship" in stages and not recipe.ship:
         raise FastEagleError("this recipe has no ship section: nothing to ship "
                              "(see assets/recipes/equal-training.json)")
@@ -142,11 +145,11 @@ def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str
         if "data" in stages:
             distill(recipe, target, out)
     if "tune" in stages:
-        tune(recipe, target, out)
+        tune(recipe, target, out, only)
     if "train" in stages:  # budget by budget, so that each pair is complete (and can be measured) early
         for steps in sorted({b for name in recipe.drafters for b in recipe.budgets_of(name)}):
             for name in recipe.drafters:
-                if steps in recipe.budgets_of(name):
+                if name in only and steps in recipe.budgets_of(name):
                     train_to(recipe, target, out, name, steps)
     if "eval" in stages:
         evaluate(recipe, out)
@@ -156,7 +159,7 @@ def run(recipe: Recipe, stages: tuple[str, ...] = DEFAULT_STAGES, report_to: str
     if "report" in stages:
         report(recipe, out, report_to)
     if "ship" in stages:
-        ship(recipe, target, out)
+        ship(recipe, target, out, only)
 
 
 def build_prompts(recipe: Recipe, target, path: Path) -> None:
@@ -212,7 +215,7 @@ def shard_summary(folder: Path) -> dict:
     return summary
 
 
-def tune(recipe: Recipe, target, out: Path) -> None:
+def tune(recipe: Recipe, target, out: Path, only: set[str]) -> None:
     """For each drafter of the pair without its own lr: `tune.steps` steps at each of `tune.lr`; the lr
     with the lowest mean loss over the last quarter of logged steps is written to OUT/tune.json."""
     from fasteagle.train.trainer import train
@@ -222,7 +225,7 @@ def tune(recipe: Recipe, target, out: Path) -> None:
         return
     chosen = tuned(out)
     for name in recipe.pair:
-        if "lr" in recipe.drafters[name] or name in chosen:
+        if "lr" in recipe.drafters[name] or name in chosen or name not in only:
             continue
         losses = {}
         for lr in lrs:
@@ -396,14 +399,18 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     return path
 
 
-def ship(recipe: Recipe, target, out: Path) -> None:
-    """The drafters of `recipe.ship` at its budget, each into its folder with a holdout evaluation and a
-    training log of one stage (the form of every shipped drafter, docs/training.md)."""
+def ship(recipe: Recipe, target, out: Path, only: set[str]) -> None:
+    """The drafters of `recipe.ship` at its budget (those in `only`), each into its folder with a holdout
+    evaluation and a training log of one stage (the form of every shipped drafter, docs/training.md)."""
     from fasteagle.methods import load_drafter
     from fasteagle.train.holdout import evaluate
 
     steps, n = recipe.ship["steps"], recipe.ship.get("holdout", 60)
-    for name, folder in recipe.ship["to"].items():  # before any work: every snapshot there, every folder writable
+    to = {name: folder for name, folder in recipe.ship["to"].items() if name in only}
+    if not to:
+        raise FastEagleError("--drafters names none of the drafters this recipe ships "
+                             f"({', '.join(recipe.ship['to'])})")
+    for name, folder in to.items():  # before any work: every snapshot there, every folder writable
         if not (snapshot(out, name, steps) / "config.json").exists():
             raise FastEagleError(f"{name} is not trained to {steps} steps yet ({snapshot(out, name, steps)}); "
                                  "run the train stage first")
@@ -411,7 +418,7 @@ def ship(recipe: Recipe, target, out: Path) -> None:
     shared = config(recipe, None, out, out=str(out))  # the settings every drafter shares, defaults filled in
     holdout = holdout_replies(shared, target, out, n)
     data = shard_data(data_root(recipe, out))
-    for name, folder in recipe.ship["to"].items():
+    for name, folder in to.items():
         snap = snapshot(out, name, steps)
         drafter = load_drafter(snap).attach(target.model)
         ev = {"holdout": evaluate(drafter, target.model, holdout, n, shared.max_len, drafter.tree_k)}
@@ -512,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(fasteagle/train/steps.py), of its step names (default: all)")
     p.add_argument("--out", default=None, help="where the runs go (default: the recipe's out, or runs/<its name>)")
     p.add_argument("--report", default=None, metavar="FILE", help="the report's result file (default: in --out)")
+    p.add_argument("--drafters", default=None, metavar="NAMES",
+                   help="comma list of the recipe's drafters to tune, train and ship (default: all); the others' "
+                        "runs stand, e.g. one drafter retrained with a new switch")
     p.add_argument("--dry-run", action="store_true", help="a recipe of steps: print its commands, run nothing")
     args = p.parse_args(argv)
     names = [s.strip() for s in (args.stages or "").split(",") if s.strip()]
@@ -520,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load(args.recipe)
         recipe.out = args.out or recipe.out
         if isinstance(recipe, step_recipes.StepRecipe):
+            if args.drafters is not None:
+                raise FastEagleError("--drafters is for a recipe of drafters; a recipe of steps runs its steps "
+                                     "(--stages)")
             if names == ["ship"] and recipe.ship and "ship" not in {s.name for s in recipe.steps}:
                 ship_steps(recipe)
             else:
@@ -531,7 +544,14 @@ def main(argv: list[str] | None = None) -> int:
             raise FastEagleError(f"--stages takes {', '.join(STAGES)}, not {bad[0] if bad else 'nothing'!r}")
         if args.dry_run:
             raise FastEagleError("--dry-run is for a recipe of steps (one with \"steps\")")
-        run(recipe, stages, args.report)
+        only = None
+        if args.drafters is not None:
+            only = {n.strip() for n in args.drafters.split(",") if n.strip()}
+            unknown = sorted(only - set(recipe.drafters))
+            if unknown or not only:
+                raise FastEagleError(f"--drafters takes the recipe's drafters ({', '.join(recipe.drafters)}), not "
+                                     f"{unknown[0] if unknown else 'nothing'!r}")
+        run(recipe, stages, args.report, only)
         return 0
 
     return run_command(go)

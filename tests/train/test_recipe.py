@@ -211,3 +211,27 @@ def test_training_on_another_recipes_data_needs_its_data_stage_done(tmp_path, ti
     assert recipe_mod.main([str(path), "--stages", "train"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no finished data stage" in err[0]
+
+
+def test_drafters_narrows_tuning_training_and_shipping_to_the_named_ones(tmp_path, tiny_dir, capsys,  # noqa: F811
+                                                                         monkeypatch):
+    """`--drafters cascade`: one drafter tuned, trained and shipped (say, retrained with a new switch) while
+    the recipe's others are left as they are; a name the recipe lacks is refused in one line."""
+    from fasteagle.train import data as data_mod
+
+    monkeypatch.setattr(data_mod, "build_token_dataset", as_written)
+    path, out = write_recipe(tmp_path, tiny_dir, budgets=[10], tune={"lr": [0.003], "steps": 4},
+                             ship={"steps": 10, "to": {"cascade": str(tmp_path / "ship" / "fe"),
+                                                       "eagle": str(tmp_path / "ship" / "e3")}, "holdout": 2})
+    raw = json.loads(path.read_text())
+    raw["eval"].pop("side_by_side")
+    path.write_text(json.dumps(raw))
+    assert recipe_mod.main([str(path), "--stages", "prompts,data,tune,train,ship", "--drafters", "cascade"]) == 0
+    assert (out / "cascade" / "at-10" / "config.json").exists()
+    assert not (out / "eagle").exists() and not (out / "cascade-2").exists()
+    assert set(json.loads((out / "tune.json").read_text())) == {"cascade"}
+    assert (tmp_path / "ship" / "fe" / "model.safetensors").exists() and not (tmp_path / "ship" / "e3").exists()
+    capsys.readouterr()
+    assert recipe_mod.main([str(path), "--stages", "train", "--drafters", "cascade,lstm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--drafters takes the recipe's drafters" in err[0] and "'lstm'" in err[0]
