@@ -110,9 +110,9 @@ def runs(recipe, out: Path) -> list:
     common = ["--max-new-tokens", str(s.get("max_new_tokens", 64)), "--repeats", str(s.get("repeats", 3))]
     common += [a for key in ("target", "device") if recipe.train.get(key) for a in (f"--{key}", recipe.train[key])]
     found = []
-    for p_label, p in s["prompts"].items():
-        chosen = ["--prompts", ",".join(p["files"])] + (["--limit", str(p["limit"])] if p.get("limit") else [])
-        for t_label, tree in s["trees"].items():
+    for t_label, tree in s["trees"].items():  # tree by tree: a recipe cut short has its first tree on every set
+        for p_label, p in s["prompts"].items():
+            chosen = ["--prompts", ",".join(p["files"])] + (["--limit", str(p["limit"])] if p.get("limit") else [])
             found.append(BenchRun(out / "compare" / f"{p_label}-{t_label}-at-{steps}.json",
                                   chosen + [*map(str, tree)] + drafters + methods + common,
                                   list(recipe.drafters), steps, f"{p_label}/{t_label}"))
