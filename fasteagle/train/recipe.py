@@ -524,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                         "runs stand, e.g. one drafter retrained with a new switch")
     p.add_argument("--dry-run", action="store_true", help="a recipe of steps: print its commands, run nothing")
     args = p.parse_args(argv)
-    names = [s.strip() for s in (args.stages or "").split(",") if s.strip()]
+    names = _comma_list(args.stages)
 
     def go() -> int:
         recipe = load(args.recipe)
@@ -539,22 +539,28 @@ def main(argv: list[str] | None = None) -> int:
                 step_recipes.run(recipe, names, args.dry_run)
             return 0
         stages = tuple(names) if args.stages is not None else DEFAULT_STAGES
-        bad = [s for s in stages if s not in STAGES]
-        if bad or not stages:
-            raise FastEagleError(f"--stages takes {', '.join(STAGES)}, not {bad[0] if bad else 'nothing'!r}")
+        _check_names("--stages", stages, STAGES, ", ".join(STAGES))
         if args.dry_run:
             raise FastEagleError("--dry-run is for a recipe of steps (one with \"steps\")")
         only = None
         if args.drafters is not None:
-            only = {n.strip() for n in args.drafters.split(",") if n.strip()}
-            unknown = sorted(only - set(recipe.drafters))
-            if unknown or not only:
-                raise FastEagleError(f"--drafters takes the recipe's drafters ({', '.join(recipe.drafters)}), not "
-                                     f"{unknown[0] if unknown else 'nothing'!r}")
-        run(recipe, stages, args.report, only)
+            only = _comma_list(args.drafters)
+            _check_names("--drafters", only, recipe.drafters, f"the recipe's drafters ({', '.join(recipe.drafters)})")
+        run(recipe, stages, args.report, None if only is None else set(only))
         return 0
 
     return run_command(go)
+
+
+def _comma_list(value: str | None) -> list[str]:
+    return [s.strip() for s in (value or "").split(",") if s.strip()]
+
+
+def _check_names(flag: str, names, known, what: str) -> None:
+    """Refuse in one line a list (--stages, --drafters) that names something not in `known`, or nothing."""
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise FastEagleError(f"{flag} takes {what}, not {bad[0] if bad else 'nothing'!r}")
 
 
 if __name__ == "__main__":
