@@ -81,7 +81,16 @@ def test_repeats_below_one_are_refused_in_one_line_by_either_engine(engine, caps
 def test_depth_acceptance_is_null_where_no_step_reached_a_depth():
     row = {"tokens": [1, 2], "wall_s": 1.0, "forwards": 1, "steps": 1, "draft_ms": 1.0, "verify_ms": 1.0,
            "accepted_lengths": [2], "depth_reached": [3, 1, 0], "depth_accepted": [2, 1, 0], "peak_mb": None}
-    assert bench.summarize({"lookup": [row]}, SamplingParams())["lookup"]["depth_acceptance"] == [0.667, 1.0, None]
+    summary = bench.summarize({"lookup": [row, row]}, SamplingParams())["lookup"]
+    assert summary["depth_acceptance"] == [0.667, 1.0, None] and summary["depth_reached"] == [6, 2, 0]
+
+
+def test_side_by_side_tables_leave_out_depths_judged_too_rarely_to_say_anything():
+    judged = bench.reports.judged_depths
+    few = bench.reports.MIN_JUDGED - 1
+    summary = {"depth_acceptance": [0.5, 0.25, 1.0, None], "depth_reached": [400, 40, few, 0]}
+    assert judged(summary) == [0.5, 0.25, None, None] and bench.reports._depths(summary) == "0.50, 0.25"
+    assert judged({"depth_acceptance": [0.5, 1.0]}) == [0.5, 1.0]  # counts unknown (older files): all shown
 
 
 def test_ms_per_step_weighs_every_step_and_skips_prompts_without_one():
@@ -157,6 +166,7 @@ def test_markdown_charts_and_docs(doc, tmp_path):
     table = bench.markdown_table(doc)
     assert "| lookup |" in table and "| hf-generate |" in table
     assert "--full-vocab" not in table
+    assert f"the depths judged at least {bench.reports.MIN_JUDGED} times" in table  # rarer ones are left out
     wide = doc | {"settings": doc["settings"] | {"full_vocab": True}}
     assert "drafting over the whole vocabulary (--full-vocab)" in bench.markdown_table(wide).splitlines()[0]
     # one row per category, one cell per method

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fasteagle.bench.reports import markdown_table, per_prompt, read_result
+from fasteagle.bench.reports import MIN_JUDGED, judged_depths, markdown_table, per_prompt, read_result
 from fasteagle.files import atomic_path, write_text
 
 
@@ -109,13 +109,14 @@ def side_by_side_chart(doc: dict, path: str | Path) -> None:
     names = list(dict.fromkeys(n for p, t in panels for n in doc["side_by_side"][p][t]["methods"] if n != "vanilla"))
     for col, (p, t) in enumerate(panels, start=1):
         for i, name in enumerate(names):
-            acc = (doc["side_by_side"][p][t]["methods"].get(name) or {}).get("depth_acceptance") or []
+            acc = judged_depths(doc["side_by_side"][p][t]["methods"].get(name) or {})
             fig.add_scatter(x=list(range(1, len(acc) + 1)), y=acc, mode="lines+markers", name=name, legendgroup=name,
                             line_color=qualitative.Plotly[i % len(qualitative.Plotly)], showlegend=col == 1,
                             row=1, col=col)
         fig.update_xaxes(title_text="draft depth", dtick=1, row=1, col=col)
     fig.update_yaxes(title_text="acceptance", range=[0, 1], row=1, col=1)
-    fig.update_layout(title=f"Acceptance by depth at {doc['steps']} steps of equal training ({doc.get('device', '?')})",
+    fig.update_layout(title=f"Acceptance by depth at {doc['steps']} steps of equal training ({doc.get('device', '?')}; "
+                            f"depths judged at least {MIN_JUDGED} times)",
                       height=420, template="plotly_white")
     with atomic_path(path) as tmp:
         fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)

@@ -44,9 +44,10 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
             s["draft_ms"], s["verify_ms"] = (round(_per_step(rs, key), 3) for key in ("draft_ms", "verify_ms"))
             lengths = [n for r in rs for n in r["accepted_lengths"]]
             s["accepted_length_histogram"] = trace.histogram(lengths, 1)
-            reached = _sum_ragged([r["depth_reached"] for r in rs])
+            reached = depth_reached(rs)
             accepted = _sum_ragged([r["depth_accepted"] for r in rs])
             s["depth_acceptance"] = [None if v is None else round(v, 3) for v in trace.depth_rates(reached, accepted)]
+            s["depth_reached"] = reached
             if all("below_judged" in r for r in rs):  # after an accepted backbone node, and after a side node
                 judged = _sum_ragged([r["below_judged"] for r in rs])
                 hits = _sum_ragged([r["below_accepted"] for r in rs])
@@ -73,6 +74,12 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     i = q * (len(sorted_values) - 1)
     lo, hi = int(i), min(int(i) + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (i - lo)
+
+
+def depth_reached(rows: list[dict]) -> list[int]:
+    """How many steps judged a node of each depth, over a method's per-prompt rows: how far its
+    `depth_acceptance` can be trusted."""
+    return _sum_ragged([r["depth_reached"] for r in rows])
 
 
 def _sum_ragged(lists: list[list[int]]) -> list[int]:
@@ -220,6 +227,8 @@ def _compare_table(doc: dict) -> str:
                      + f" {f('speedup_vs_hf_generate', '{:.2f}x')} |" * hf + f" {f('tau')} | {_depths(m)} | "
                      f"{f('draft_ms', '{:.1f}')} | {f('verify_ms', '{:.1f}')} | {ident} |"
                      + f" {f('peak_mb', '{:.0f}')} |" * peak)
+    if any(m.get("depth_reached") for m in doc["methods"].values()):
+        lines.append(f"\nAcceptance by depth: the depths judged at least {MIN_JUDGED} times.")
     spreads = {n: m["spread"] for n, m in doc["methods"].items() if "spread" in m}
     if spreads:
         runs = len(next(m for m in doc["methods"].values() if "spread" in m)["tokens_per_s_runs"])
@@ -240,9 +249,20 @@ def _compare_table(doc: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+MIN_JUDGED = 20  # a depth judged fewer times than this is left out of the tables and charts of results
+
+
+def judged_depths(summary: dict) -> list[float | None]:
+    """A drafter's acceptance per depth (`trace.depth_rates`), None where fewer than `MIN_JUDGED` steps judged
+    a node of that depth (a rate of 1.00 from one try says nothing); all of them when the counts are unknown."""
+    rates, reached = summary.get("depth_acceptance") or [], summary.get("depth_reached")
+    return rates if reached is None else [r if n >= MIN_JUDGED else None for r, n in zip(rates, reached)]
+
+
 def _depths(summary: dict, shown: int = 4) -> str:
-    """A drafter's acceptance at each depth it reached (`trace.depth_rates`), the first `shown`; – for none."""
-    rates = [r for r in (summary.get("depth_acceptance") or [])[:shown] if r is not None]
+    """A drafter's acceptance at each depth judged often enough (`judged_depths`), the first `shown`; – for
+    none."""
+    rates = [r for r in judged_depths(summary)[:shown] if r is not None]
     return ", ".join(f"{r:.2f}" for r in rates) if rates else "–"
 
 
@@ -250,7 +270,8 @@ def _side_by_side_table(doc: dict) -> str:
     """A recipe's compare stage (`fasteagle.train.compare`): a row per prompt set, tree and drafter."""
     head = (f"**{doc.get('device', '?')}**: every drafter at {doc['steps']} steps of equal training, decoded side by "
             f"side in one run per prompt set and tree (each prompt {doc['repeats']} times by every method in turn; "
-            "speed-up: pooled tokens/s over vanilla's in the same run, ± the runs' spread)\n\n"
+            "speed-up: pooled tokens/s over vanilla's in the same run, ± the runs' spread; acceptance by depth: "
+            f"the depths judged at least {MIN_JUDGED} times)\n\n"
             "| prompts | tree | drafter | nodes | tau | speed-up vs vanilla | acceptance by depth "
             "| below a backbone / side node | draft ms | identical | tau by kind |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|\n")

@@ -158,10 +158,13 @@ def collect(recipe, out: Path, command: str) -> dict:
 
 def _measured(method: str, doc: dict, budgets) -> dict:
     """What the table shows of one method in one bench result, and its tau in each kind of prompt."""
+    from fasteagle.bench.reports import depth_reached
+
     m, kinds = doc["methods"][method], doc.get("per_category") or {}
     keep = ("tau", "tokens_per_s", "speedup_vs_vanilla", "spread", "depth_acceptance", "acceptance_below_backbone",
             "acceptance_below_side", "draft_ms", "identical_to_vanilla", "prompts")
-    return {k: m.get(k) for k in keep} | {"tree_budget": budgets.get(method) if isinstance(budgets, dict) else budgets,
+    return {k: m.get(k) for k in keep} | {"depth_reached": depth_reached(doc["rows"][method]),
+                                          "tree_budget": budgets.get(method) if isinstance(budgets, dict) else budgets,
                                           "tau_by_kind": {k: v[method].get("tau") for k, v in kinds.items()
                                                           if method in v}}
 

@@ -117,6 +117,8 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
             measured = run["methods"][m]
             assert measured["identical_to_vanilla"] == 2 and measured["tree_budget"] == nodes
             assert measured["tau"] >= 1.0 and len(measured["depth_acceptance"]) >= 1
+            assert len(measured["depth_reached"]) == len(measured["depth_acceptance"])
+            assert measured["depth_reached"][0] > 0
             if tree == "chain":  # one token per depth: every node is on the backbone
                 assert measured["acceptance_below_side"] is None
     rows = (tmp_path / "side.md").read_text().splitlines()
