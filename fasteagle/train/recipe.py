@@ -478,21 +478,22 @@ def shard_data(out: Path) -> dict:
             if (out / part / "done.json").exists()}
 
 
-def ship_steps(recipe: step_recipes.StepRecipe, holdout_n: int = 60) -> None:
-    """`--stages ship`: each drafter a step of `recipe.ship` trained (the step's --out) added to its shipped
-    folder as the next stage of its training log, evaluated on the first `holdout_n` ShareGPT holdout
-    prompts' greedy replies (made once, in the recipe's out folder)."""
+def ship_steps(recipe: step_recipes.StepRecipe, only: list[str] | None = None, holdout_n: int = 60) -> None:
+    """`--stages ship`: each drafter a step of `recipe.ship` trained (the step's --out; those in `only`) added
+    to its shipped folder as the next stage of its training log, evaluated on the first `holdout_n` ShareGPT
+    holdout prompts' greedy replies (made once, in the recipe's out folder)."""
     from fasteagle.methods import load_drafter
     from fasteagle.target import load_target
     from fasteagle.train.config import TrainConfig
     from fasteagle.train.holdout import evaluate
 
     by_name = {s.name: s for s in recipe.steps}
-    missing = [n for n in recipe.ship if n not in by_name or not (Path(recipe.out) / "done" / f"{n}.json").exists()]
+    to = {n: folder for n, folder in recipe.ship.items() if only is None or n in only}
+    missing = [n for n in to if n not in by_name or not (Path(recipe.out) / "done" / f"{n}.json").exists()]
     if missing:
         raise FastEagleError(f"step {missing[0]} is not done: run the recipe's steps before --stages ship")
     target, out = load_target(None, "cpu", "fp32"), Path(recipe.out)
-    for name, folder in recipe.ship.items():
+    for name, folder in to.items():
         ns = step_recipes.parse(recipe, by_name[name])
         settings = step_recipes.train_settings(recipe, by_name[name], ns)
         cfg = TrainConfig(out=ns.out, **{k: v for k, v in settings.items() if k != "out"})
@@ -521,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", default=None, metavar="FILE", help="the report's result file (default: in --out)")
     p.add_argument("--drafters", default=None, metavar="NAMES",
                    help="comma list of the recipe's drafters to tune, train and ship (default: all); the others' "
-                        "runs stand, e.g. one drafter retrained with a new switch")
+                        "runs stand, e.g. one drafter retrained with a new switch; a recipe of steps: those of "
+                        "its ship section --stages ship ships")
     p.add_argument("--dry-run", action="store_true", help="a recipe of steps: print its commands, run nothing")
     args = p.parse_args(argv)
     names = _comma_list(args.stages)
@@ -530,11 +532,15 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load(args.recipe)
         recipe.out = args.out or recipe.out
         if isinstance(recipe, step_recipes.StepRecipe):
-            if args.drafters is not None:
-                raise FastEagleError("--drafters is for a recipe of drafters; a recipe of steps runs its steps "
-                                     "(--stages)")
-            if names == ["ship"] and recipe.ship and "ship" not in {s.name for s in recipe.steps}:
-                ship_steps(recipe)
+            shipping = names == ["ship"] and recipe.ship and "ship" not in {s.name for s in recipe.steps}
+            only = None if args.drafters is None else _comma_list(args.drafters)
+            if only is not None and not shipping:
+                raise FastEagleError("--drafters narrows what a recipe of steps ships (--stages ship); to run some "
+                                     "of its steps, name them in --stages")
+            if shipping:
+                if only is not None:
+                    _check_names("--drafters", only, recipe.ship, f"what the recipe ships ({', '.join(recipe.ship)})")
+                ship_steps(recipe, only)
             else:
                 step_recipes.run(recipe, names, args.dry_run)
             return 0

@@ -119,3 +119,16 @@ def test_steps_run_in_order_resume_and_stop_at_a_gpu_step(tmp_path, tiny_dir, ca
     path.write_text(json.dumps(recipe))
     assert recipe_mod.main([str(path), "--out", str(out), "--stages", "drafter"]) == 0
     assert json.loads((out / "drafter" / "config.json").read_text())["compact_vocab"]["size"] == 24
+
+
+def test_a_recipe_of_steps_ships_some_of_its_drafters_only_once_their_steps_are_done(tmp_path, capsys):
+    layout, out = "assets/recipes/eagle3-layout.json", str(tmp_path / "r")
+    assert recipe_mod.main([layout, "--out", out, "--stages", "fasteagle-equal", "--dry-run"]) == 0
+    assert "--feature-dir" not in capsys.readouterr().out  # the cascade's step makes its own shards: it runs alone
+    cases = [(["--stages", "ship", "--drafters", "fasteagle-equal"], "step fasteagle-equal is not done"),
+             (["--stages", "ship", "--drafters", "lstm"], "what the recipe ships (eagle3, fasteagle-equal)"),
+             (["--stages", "eagle3", "--drafters", "eagle3"], "--drafters narrows what a recipe of steps ships")]
+    for args, words in cases:
+        assert recipe_mod.main([layout, "--out", out, *args]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err
