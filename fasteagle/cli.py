@@ -119,8 +119,11 @@ def cmd_bench(args) -> int:
 def _bench_update_docs(args) -> int:
     from fasteagle import bench
 
-    for path in bench.update_docs(_names(args.update_docs)):
+    changed = bench.update_docs(_names(args.update_docs))
+    for path in changed:
         print(f"updated {path.as_posix()}")
+    if not changed:
+        print("every result block is up to date")
     return 0
 
 

@@ -191,6 +191,7 @@ def test_markdown_charts_and_docs(doc, tmp_path):
     readme.write_text("top\n<!-- result: r.json -->\nold\n<!-- /result -->\nmiddle\n"
                       "<!-- result: r.json -->\n<!-- /result -->\nbottom\n")
     assert bench.update_docs([readme]) == [readme]
+    assert bench.update_docs([readme]) == []  # nothing changed: nothing written
     text = readme.read_text()
     assert "\nold\n" not in text and text.count("| lookup |") == 2 * table.count("| lookup |")
     assert text.startswith("top") and text.endswith("bottom\n")

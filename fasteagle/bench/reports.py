@@ -411,9 +411,11 @@ def render_docs(documents: list[str | Path]) -> dict[Path, str]:
 
 
 def update_docs(documents: list[str | Path]) -> list[Path]:
-    """Regenerate every result block of these documents from the result files they name. Every document
-    and result is read before the first is written, so a bad one leaves every document as it was."""
-    texts = render_docs(documents)
-    for path, text in texts.items():
+    """Regenerate every result block of these documents from the result files they name; returns the
+    documents that changed (only those are written). Every document and result is read before the first is
+    written, so a bad one leaves every document as it was."""
+    changed = {path: text for path, text in render_docs(documents).items()
+               if text != path.read_text(encoding="utf-8")}
+    for path, text in changed.items():
         write_text(path, text)
-    return list(texts)
+    return list(changed)
