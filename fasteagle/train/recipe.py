@@ -495,8 +495,8 @@ def ship_steps(recipe: step_recipes.StepRecipe, only: list[str] | None = None, h
     target, out = load_target(None, "cpu", "fp32"), Path(recipe.out)
     for name, folder in to.items():
         ns = step_recipes.parse(recipe, by_name[name])
-        settings = step_recipes.train_settings(recipe, by_name[name], ns)
-        cfg = TrainConfig(out=ns.out, **{k: v for k, v in settings.items() if k != "out"})
+        settings = {k: v for k, v in step_recipes.train_settings(recipe, by_name[name], ns).items() if k != "out"}
+        cfg = TrainConfig(out=ns.out, **settings)  # where the run was is this machine's, not the drafter's
         holdout = holdout_replies(cfg, target, out, holdout_n)
         drafter = load_drafter(ns.out).attach(target.model)
         ev = {"holdout": evaluate(drafter, target.model, holdout, holdout_n, cfg.max_len, drafter.tree_k)}
