@@ -527,13 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="a recipe of steps: print its commands, run nothing")
     args = p.parse_args(argv)
     names = _comma_list(args.stages)
+    only = None if args.drafters is None else _comma_list(args.drafters)
 
     def go() -> int:
         recipe = load(args.recipe)
         recipe.out = args.out or recipe.out
         if isinstance(recipe, step_recipes.StepRecipe):
             shipping = names == ["ship"] and recipe.ship and "ship" not in {s.name for s in recipe.steps}
-            only = None if args.drafters is None else _comma_list(args.drafters)
             if only is not None and not shipping:
                 raise FastEagleError("--drafters narrows what a recipe of steps ships (--stages ship); to run some "
                                      "of its steps, name them in --stages")
@@ -548,9 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_names("--stages", stages, STAGES, ", ".join(STAGES))
         if args.dry_run:
             raise FastEagleError("--dry-run is for a recipe of steps (one with \"steps\")")
-        only = None
-        if args.drafters is not None:
-            only = _comma_list(args.drafters)
+        if only is not None:
             _check_names("--drafters", only, recipe.drafters, f"the recipe's drafters ({', '.join(recipe.drafters)})")
         run(recipe, stages, args.report, None if only is None else set(only))
         return 0
