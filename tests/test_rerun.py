@@ -58,14 +58,17 @@ def test_only_published_results_that_decode_with_the_changed_drafter_are_stale(t
         "cpu-b.json": "python -m fasteagle bench --methods vanilla,eagle3 --out bench/results/cpu-b.json",
         "cpu-unlinked.json": "python -m fasteagle bench --methods fasteagle-equal",
         "gpu-h200-c.json": "python -m fasteagle bench --methods fasteagle-equal --device cuda",
-    }, linked=["cpu-a.json", "cpu-b.json", "gpu-h200-c.json"])
+        "cpu-a-costs.json": "python -m fasteagle bench --engine vllm --step-costs bench/results/cpu-a.json --out x",
+        "cpu-b-costs.json": "python -m fasteagle bench --engine vllm --step-costs=./bench/results/cpu-b.json",
+    }, linked=["cpu-a-costs.json", "cpu-a.json", "cpu-b.json", "cpu-b-costs.json", "gpu-h200-c.json"])
     found = rerun.stale(["fasteagle-equal"], tmp_path)
-    assert [(s.path.name, s.drafters, s.gpu, s.seconds) for s in found] == [
-        ("cpu-a.json", ["fasteagle-equal"], False, 60.0), ("gpu-h200-c.json", ["fasteagle-equal"], True, 60.0)]
+    assert [(s.path.name, s.drafters, s.gpu, s.seconds) for s in found] == [  # a result made from a sweep after it
+        ("cpu-a.json", ["fasteagle-equal"], False, 60.0), ("gpu-h200-c.json", ["fasteagle-equal"], True, 60.0),
+        ("cpu-a-costs.json", ["fasteagle-equal"], False, 60.0)]
     listing = rerun.describe(found)
-    assert "1 to rerun here, about 1 min" in listing and "GPU, not rerun here" in listing
-    assert [s.path.name for s in rerun.stale(["eagle3"], tmp_path)] == ["cpu-b.json"]
-    assert rerun.describe(rerun.stale([str(REPO / "assets/drafters/smollm2-135m-eagle3")], tmp_path)).count("\n") == 2
+    assert "2 to rerun here, about 2 min" in listing and "GPU, not rerun here" in listing
+    assert [s.path.name for s in rerun.stale(["eagle3"], tmp_path)] == ["cpu-b.json", "cpu-b-costs.json"]
+    assert rerun.describe(rerun.stale([str(REPO / "assets/drafters/smollm2-135m-eagle3")], tmp_path)).count("\n") == 4
     with pytest.raises(FastEagleError, match="neither a method"):
         rerun.stale(["no-such-drafter"], tmp_path)
     with pytest.raises(FastEagleError, match="loads no trained drafter"):

@@ -7,8 +7,9 @@ A result is *published* when a document links it (README.md, docs/*.md, or the a
 drafter when its recorded command decodes with that drafter: each method of `--methods` resolves through the
 method registry (`fasteagle.methods`) with the command's own `--drafter` / `--eagle3-drafter`, so
 `fasteagle-equal` names assets/drafters/smollm2-135m-fasteagle-equal and `fasteagle+lookup` names the shipped
-cascade. Results measured on a GPU are listed but not rerun here. Each rerun replaces its file in place
-(git keeps the old one) with the very command the file recorded.
+cascade. A result made from another (`--step-costs SWEEP` reads the sweep's tau and tokens/s) goes stale with
+it and reruns after it. Results measured on a GPU are listed but not rerun here. Each rerun replaces its file
+in place (git keeps the old one) with the very command the file recorded.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fasteagle.errors import FastEagleError
 DOCUMENTS = ("README.md", "docs/*.md", "fasteagle/app/*.py")  # where a published result is linked from
 LINK = re.compile(r"bench/results/([\w.+-]+\.json)")
 LOAD_S = 45.0  # a method's load and warm-up, where a result predates its recorded wall time
+READS = ("--step-costs",)  # flags whose value is another result file the command reads
 SKIP = ("per_category", "rows", "tree_auto", "runs", "budget_curve", "pages")  # blocks that repeat a method's tokens
 
 
@@ -134,15 +136,23 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
     from fasteagle.bench.reports import read_result
 
     changed = changed_folders(names, root)
-    out = []
+    out, derived = [], []
     for path in published(root):
         doc = read_result(path)
-        hit = sorted(changed[f] for f in drafters_of(doc.get("command") or "", root) if f in changed)
-        if hit:
+        command = doc.get("command") or ""
+        hit = sorted(changed[f] for f in drafters_of(command, root) if f in changed)
+        source = next((v for k, v in _flags(shlex.split(command)) if k in READS), None)
+        if hit or source:
             seconds, recorded = estimate(doc)
-            gpu = path.name.startswith("gpu-") or "--device cuda" in doc["command"]
-            out.append(Stale(path.relative_to(root), doc["command"], hit, seconds, recorded, gpu))
-    return out
+            gpu = path.name.startswith("gpu-") or "--device cuda" in command
+            (out if hit else derived).append((Stale(path.relative_to(root), command, hit, seconds, recorded, gpu),
+                                              source))
+    by_path = {s.path: s for s, _ in out}
+    for s, source in derived:  # after every direct hit, so a sweep reruns before what is made from it
+        if (made_from := by_path.get(Path(source))) is not None:
+            s.drafters = made_from.drafters
+            by_path[s.path] = s
+    return list(by_path.values())
 
 
 def describe(found: list[Stale]) -> str:
