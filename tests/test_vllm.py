@@ -302,4 +302,9 @@ def test_distill_speed_times_both_engines_on_the_same_prompts(tmp_path):
         assert row["replies"] == 3 and 3 * 4 <= row["reply_tokens"] <= 3 * 16 and row["seconds"] > 0, name
         assert row["replies_per_min"] == pytest.approx(row["replies"] / row["seconds"] * 60)
     assert doc["engines"]["vllm"]["engine"].startswith("vllm 0.32") and doc["engines"]["vllm"]["load_s"] > 0
-    assert "replies/min" in out.with_suffix(".md").read_text()
+    f = doc["features"]  # then the teacher's pass over vLLM's replies, whole rows and windowed
+    assert f["reply_tokens"] == doc["engines"]["vllm"]["reply_tokens"] and f["read"] > f["reply_tokens"]
+    assert f["reply_tokens"] < f["window"]["positions"] <= f["whole"]["positions"] and f["window"]["mb"] > 0
+    assert f["speedup"] == pytest.approx(f["whole"]["seconds"] / f["window"]["seconds"])
+    md = out.with_suffix(".md").read_text()
+    assert "replies/min" in md and "positions written" in md

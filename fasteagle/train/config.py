@@ -59,6 +59,8 @@ class TrainConfig:
     loss_vocab: int = 0  # >0: the loss's softmax covers the N most frequent reply tokens plus each batch's
     # teacher tokens, not the whole draft vocab (CPU fine-tuning of a whole-vocab drafter: ~5x less head work)
     keep_prompt: int = 64  # prompt tokens kept before each reply in distilled feature shards
+    prompt_window: bool = False  # cached features of token data (vLLM's replies, text as written) keep only
+    # keep_prompt tokens before each row's first reply token, as distilled shards do; the target reads them all
     lr: float = 5e-4
     warmup: int = 100
     schedule: str = "cosine"  # "cosine": anneal to zero over the run; "constant": hold lr after warmup, so a run

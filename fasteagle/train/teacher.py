@@ -88,12 +88,18 @@ def _claim_dir(out: Path, inputs: dict) -> None:
 
 
 def cache_features(model, data: dict, out_dir: str | Path, feature_layers: list[int], batch_tokens: int = 4096,
-                   topk: int = 16) -> Path:
+                   topk: int = 16, keep_prompt: int | None = None) -> Path:
     """Run the target once over the dataset and store each batch as an fp16 shard (resumable:
-    shards already on disk are skipped; a directory made from other data or settings is refused)."""
+    shards already on disk are skipped; a directory made from other data or settings is refused).
+
+    With `keep_prompt`, each row keeps only its last `keep_prompt` tokens before its first counted one, and
+    all after it, as `distill_features` writes replies: the target still reads every token, but its head,
+    the shard and every training step pay only for that window (a 2,000-token document before a
+    150-token reply is most of the work otherwise, and teaches nothing)."""
     out = Path(out_dir)
-    _claim_dir(out, {"kind": "cache", "input_ids": _digest(data["input_ids"]), "loss_mask": _digest(data["loss_mask"]),
-                     "feature_layers": list(feature_layers), "batch_tokens": batch_tokens, "topk": topk})
+    inputs = {"kind": "cache", "input_ids": _digest(data["input_ids"]), "loss_mask": _digest(data["loss_mask"]),
+              "feature_layers": list(feature_layers), "batch_tokens": batch_tokens, "topk": topk}
+    _claim_dir(out, inputs if keep_prompt is None else inputs | {"keep_prompt": keep_prompt})
     dev = next(model.parameters()).device
     batches = length_batches([len(s) for s in data["input_ids"]], batch_tokens, shuffle_seed=None)
     for b, idx in enumerate(tqdm(batches, desc="target features")):
@@ -101,10 +107,37 @@ def cache_features(model, data: dict, out_dir: str | Path, feature_layers: list[
         if path.exists():
             continue
         ids, mask = pad_batch([data["input_ids"][i] for i in idx], [data["loss_mask"][i] for i in idx])
-        feats, t_ids, t_p = teach(model, ids.to(dev), feature_layers, topk)
-        torch_save({"input_ids": ids.int(), "loss_mask": mask.bool(), "feats": feats.half().cpu(),
-                    "teacher_ids": t_ids.cpu(), "teacher_probs": t_p.cpu()}, path)
+        if keep_prompt is None:
+            feats, t_ids, t_p = teach(model, ids.to(dev), feature_layers, topk)
+            torch_save({"input_ids": ids.int(), "loss_mask": mask.bool(), "feats": feats.half().cpu(),
+                        "teacher_ids": t_ids.cpu(), "teacher_probs": t_p.cpu()}, path)
+        else:
+            lengths = [len(data["input_ids"][i]) for i in idx]
+            torch_save(teach_windows(model, ids.to(dev), mask, lengths, feature_layers, topk, keep_prompt), path)
     return out
+
+
+@torch.no_grad()
+def teach_windows(model, ids: torch.Tensor, mask: torch.Tensor, lengths: list[int], feature_layers: list[int],
+                  topk: int, keep_prompt: int) -> dict:
+    """A shard of right-padded rows `ids` (B, L), each cut to its window: `keep_prompt` tokens before the
+    row's first counted position (`mask`), up to its length. The target's body runs over whole rows; its
+    head and softmax only over the windows."""
+    body, head = model.get_decoder(), model.get_output_embeddings()
+    out = body(input_ids=ids, output_hidden_states=True, use_cache=False)
+    feats = torch.cat([out.hidden_states[i] for i in feature_layers], -1)  # (B, L, 3H)
+    rows = []
+    for r, n in enumerate(lengths):
+        counted = mask[r, :n].nonzero()
+        start = max(0, int(counted[0]) - keep_prompt) if counted.numel() else max(0, n - keep_prompt)
+        p, t = torch.softmax(head(out.last_hidden_state[r, start:n]).float(), -1).topk(topk, -1)
+        rows.append((ids[r, start:n].cpu(), mask[r, start:n], feats[r, start:n].half().cpu(), t.int().cpu(),
+                     p.half().cpu()))
+    L = max(len(x[0]) for x in rows)
+    return {"input_ids": _stack_rows([x[0][:, None] for x in rows], L)[..., 0].int(),
+            "loss_mask": _stack_rows([x[1][:, None] for x in rows], L)[..., 0].bool(),
+            "feats": _stack_rows([x[2] for x in rows], L), "teacher_ids": _stack_rows([x[3] for x in rows], L),
+            "teacher_probs": _stack_rows([x[4] for x in rows], L)}
 
 
 def load_shard(path: Path) -> Batch:

@@ -262,7 +262,8 @@ def feature_shards(run: Run, train_data: dict | None) -> dict[Path, list[Path]]:
     now unless there already, then --add-features' folders); empty: the teacher runs online."""
     cfg = run.cfg
     if cfg.features == "cache" and train_data is not None:
-        cache_features(run.model, train_data, run.fdir, run.dcfg.feature_layers, cfg.batch_tokens, cfg.topk)
+        cache_features(run.model, train_data, run.fdir, run.dcfg.feature_layers, cfg.batch_tokens, cfg.topk,
+                       keep_prompt=cfg.keep_prompt if cfg.prompt_window else None)
     dirs = [run.fdir] + [Path(d) for d in cfg.extra_features] if cfg.features == "cache" else []
     shards_by_dir = {d: sorted(d.glob("shard-*.pt")) for d in dirs}
     if dirs and cfg.shard_fraction < 1:  # a seeded draw, not the first ones: the shards are sorted by length

@@ -69,3 +69,27 @@ def test_a_batch_cap_makes_again_exactly_what_a_time_cap_made(tiny, tmp_path):
     distill_features(tiny.model, tiny.tokenizer, prompts, tmp_path / "f", [1, 2], topk=4, keep_prompt=4,
                      max_batches=2, **kw)
     assert len(_stamps(tmp_path / "f")) == 2
+
+
+def test_a_prompt_window_keeps_the_whole_pass_features_over_fewer_tokens(tiny, tmp_path):
+    """keep_prompt: each row keeps its last k tokens before its first counted one, and the rest; the target
+    still reads the whole row, so the window's features and teacher equal the whole-row shard's there."""
+    seqs = _seqs(4, lengths=(12, 9, 15))
+    first = (7, 2, 10)  # each row's first counted position
+    data = {"input_ids": seqs, "loss_mask": [[0] * f + [1] * (len(s) - f) for s, f in zip(seqs, first)]}
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    cache_features(tiny.model, data, whole, [1, 2], batch_tokens=100, topk=4)
+    cache_features(tiny.model, data, cut, [1, 2], batch_tokens=100, topk=4, keep_prompt=3)
+    a, b = (torch.load(next(d.glob("shard-*.pt")), weights_only=True) for d in (whole, cut))
+    assert b["input_ids"].shape[1] == 9 < a["input_ids"].shape[1] == 15  # the 9-token row is kept whole
+    for r in range(3):
+        n = int((a["input_ids"][r] != 0).sum())
+        f = int(a["loss_mask"][r].nonzero()[0])
+        start, w = max(0, f - 3), n - max(0, f - 3)
+        assert torch.equal(b["input_ids"][r, :w], a["input_ids"][r, start:n])
+        assert torch.equal(b["loss_mask"][r, :w], a["loss_mask"][r, start:n]) and not b["loss_mask"][r, w:].any()
+        torch.testing.assert_close(b["feats"][r, :w], a["feats"][r, start:n])
+        torch.testing.assert_close(b["teacher_probs"][r, :w], a["teacher_probs"][r, start:n], atol=2e-3, rtol=0)
+        assert torch.equal(b["teacher_ids"][r, :w, 0], a["teacher_ids"][r, start:n, 0])
+    with pytest.raises(FastEagleError, match="other data or settings"):  # another window is other data
+        cache_features(tiny.model, data, cut, [1, 2], batch_tokens=100, topk=4, keep_prompt=4)
