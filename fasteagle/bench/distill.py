@@ -99,5 +99,5 @@ def _features_table(f: dict) -> str:
     return (f"\nThe teacher's features over vLLM's replies ({f['read']} tokens read, {f['reply_tokens']} of them "
             f"reply; shards of {f['batch_tokens']} tokens)\n\n"
             "| shard rows keep | seconds | tokens read/s | positions written | shard MB |\n|---|---|---|---|---|\n"
-            + rows + f"\nThe window {f['speedup']:.1f}x faster, {f['whole']['positions'] / f['window']['positions']:.1f}x "
-            "fewer positions for every training step to read\n")
+            + rows + f"\nThe window {f['speedup']:.1f}x faster, with "
+            f"{f['whole']['positions'] / f['window']['positions']:.1f}x fewer positions for training to read\n")
