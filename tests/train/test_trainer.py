@@ -211,6 +211,18 @@ def test_a_second_drafter_trains_on_the_first_runs_feature_cache(tiny, tmp_path)
     assert "python -m fasteagle train --drafter eagle3 --reuse-features" in (out / "README.md").read_text()
 
 
+def test_a_prompt_window_trains_on_shards_cut_to_each_reply(tiny, tmp_path):
+    """`prompt_window`: the token data's cached shards keep `keep_prompt` tokens before each reply (here 2 of
+    the 6-token prompts), and every reply token."""
+    save_token_dataset(self_written(tiny, 8, seed=5, new=20), tmp_path / "train.pt")
+    train(TrainConfig(out=str(tmp_path / "a"), data=str(tmp_path / "train.pt"), topk=4, batch_tokens=200, warmup=2,
+                      max_steps=2, features="cache", device="cpu", intermediate=64, num_layers=2, prompt_window=True,
+                      keep_prompt=2), target=tiny)
+    shards = [torch.load(p, weights_only=True) for p in sorted((tmp_path / "a" / "features").glob("shard-*.pt"))]
+    assert shards and all(int(d["loss_mask"].float().argmax(1).max()) == 2 for d in shards)
+    assert sum(int(d["loss_mask"].sum()) for d in shards) == 8 * 20
+
+
 def test_reuse_features_refuses_an_empty_feature_dir(tiny, tmp_path):
     with pytest.raises(FastEagleError, match="reuse-features"):
         train(TrainConfig(out=str(tmp_path / "b"), features="cache", reuse_features=True,
