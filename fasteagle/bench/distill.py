@@ -20,8 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-BATCH_TOKENS = 8192  # TrainConfig's default shard size, what the recipes' data stages write
-KEEP_PROMPT = 64  # TrainConfig.keep_prompt
+from fasteagle.train.config import TrainConfig
+
+BATCH_TOKENS = TrainConfig.batch_tokens  # the default shard size, what the recipes' data stages write
+KEEP_PROMPT = TrainConfig.keep_prompt
 
 
 def distill_speed(target, target_name: str | None, prompts: list[list[int]], max_new: int, batch: int) -> dict:

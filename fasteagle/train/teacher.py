@@ -131,13 +131,12 @@ def teach_windows(model, ids: torch.Tensor, mask: torch.Tensor, lengths: list[in
         counted = mask[r, :n].nonzero()
         start = max(0, int(counted[0]) - keep_prompt) if counted.numel() else max(0, n - keep_prompt)
         p, t = torch.softmax(head(out.last_hidden_state[r, start:n]).float(), -1).topk(topk, -1)
-        rows.append((ids[r, start:n].cpu(), mask[r, start:n], feats[r, start:n].half().cpu(), t.int().cpu(),
-                     p.half().cpu()))
-    L = max(len(x[0]) for x in rows)
-    return {"input_ids": _stack_rows([x[0][:, None] for x in rows], L)[..., 0].int(),
-            "loss_mask": _stack_rows([x[1][:, None] for x in rows], L)[..., 0].bool(),
-            "feats": _stack_rows([x[2] for x in rows], L), "teacher_ids": _stack_rows([x[3] for x in rows], L),
-            "teacher_probs": _stack_rows([x[4] for x in rows], L)}
+        rows.append((ids[r, start:n].tolist(), mask[r, start:n].tolist(), feats[r, start:n].half().cpu(),
+                     t.int().cpu(), p.half().cpu()))
+    ids_b, mask_b = pad_batch([x[0] for x in rows], [x[1] for x in rows])
+    L = ids_b.shape[1]
+    return {"input_ids": ids_b.int(), "loss_mask": mask_b.bool(), "feats": _stack_rows([x[2] for x in rows], L),
+            "teacher_ids": _stack_rows([x[3] for x in rows], L), "teacher_probs": _stack_rows([x[4] for x in rows], L)}
 
 
 def load_shard(path: Path) -> Batch:
