@@ -46,16 +46,23 @@ class BenchRun:
     names: list[str]
     steps: int
     tree: str
+    methods: tuple[str, ...] = ()  # bench's method names; a result lacking one is measured again
+
+
+def saved(recipe, out: Path, steps: int) -> list[str]:
+    """The recipe's drafters saved at `steps`, in its order: what a compare stage can measure now."""
+    return [n for n in recipe.drafters if (snapshot(out, n, steps) / "config.json").exists()]
 
 
 def result_of(run: BenchRun) -> dict | None:
     """A bench run's result, if it is on disk whole: a bench stopped early (the recipe interrupted) leaves
-    the prompts it measured, marked "partial", and the rerun measures them all again."""
+    the prompts it measured, marked "partial", and the rerun measures them all again; one made before a
+    drafter it now runs was saved is measured again with it."""
     try:
         doc = json.loads(run.result.read_text())
     except (OSError, ValueError):
         return None
-    return None if "partial" in doc else doc
+    return None if "partial" in doc or not set(run.methods) <= set(doc.get("methods", {})) else doc
 
 
 def spec(recipe) -> dict | None:
@@ -94,12 +101,13 @@ def labels(recipe) -> dict[str, str]:
 
 
 def runs(recipe, out: Path) -> list:
-    """One bench run per prompt set and tree, every drafter at the spec's steps in it beside vanilla."""
+    """One bench run per prompt set and tree, every drafter saved at the spec's steps in it beside vanilla
+    (a recipe cut short compares what it has; none before the pair's cascade is saved)."""
     s = spec(recipe)
-    if s is None:
+    if s is None or recipe.pair[0] not in (have := saved(recipe, out, s["steps"])):
         return []
-    steps, names = s["steps"], labels(recipe)
-    snap = {n: str(snapshot(out, n, steps)) for n in recipe.drafters}
+    steps, names = s["steps"], {m: n for m, n in labels(recipe).items() if n in have}
+    snap = {n: str(snapshot(out, n, steps)) for n in have}
     drafters = ["--drafter", snap[names["fasteagle"]]]
     if "eagle3" in names:
         drafters += ["--eagle3-drafter", snap[names["eagle3"]]]
@@ -115,7 +123,7 @@ def runs(recipe, out: Path) -> list:
             chosen = ["--prompts", ",".join(p["files"])] + (["--limit", str(p["limit"])] if p.get("limit") else [])
             found.append(BenchRun(out / "compare" / f"{p_label}-{t_label}-at-{steps}.json",
                                   chosen + [*map(str, tree)] + drafters + methods + common,
-                                  list(recipe.drafters), steps, f"{p_label}/{t_label}"))
+                                  have, steps, f"{p_label}/{t_label}", ("vanilla", *names)))
     return found
 
 
@@ -131,18 +139,23 @@ def run_benches(found: list[BenchRun], out: Path, stage: str) -> None:
 
 
 def evaluate(recipe, out: Path) -> None:
-    """The side-by-side runs not yet measured (`run_benches`)."""
+    """The side-by-side runs not yet measured (`run_benches`), of the drafters saved so far."""
+    s = spec(recipe)
+    missing = [n for n in recipe.drafters if n not in saved(recipe, out, s["steps"])]
+    if missing:
+        print(f"compare: not saved at {s['steps']} steps, left out: {', '.join(missing)}", flush=True)
     run_benches(runs(recipe, out), out, "compare")
 
 
 def collect(recipe, out: Path, command: str) -> dict:
     """The side-by-side result document: per prompt set and tree, each drafter's measurement."""
     s, names = spec(recipe), labels(recipe)
-    table, device = {}, None
+    table, device, compared = {}, None, set()
     for r in runs(recipe, out):
         doc = result_of(r)
         if doc is None:
             continue
+        compared |= set(r.names)
         device = device or doc.get("device")
         p_label, t_label = r.tree.split("/")
         budgets = doc["settings"].get("tree_budget")
@@ -153,7 +166,7 @@ def collect(recipe, out: Path, command: str) -> dict:
     if not table:
         raise FastEagleError(f"nothing compared yet in {out / 'compare'}; run the compare stage first")
     return {"side_by_side": table, "steps": s["steps"], "repeats": s.get("repeats", 3), "device": device,
-            "drafters": {n: recipe.settings(n) for n in recipe.drafters}, "command": command}
+            "drafters": {n: recipe.settings(n) for n in recipe.drafters if n in compared}, "command": command}
 
 
 def _measured(method: str, doc: dict, budgets) -> dict:

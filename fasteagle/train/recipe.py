@@ -24,7 +24,8 @@ goes on from its last checkpoint):
             at each one's `--tree auto` budget and at the paper's ~60-node tree, each other drafter
             (a depth ablation) beside vanilla (OUT/eval/*.json, each storing its own command);
 6. compare  with `eval.side_by_side`, every drafter at one budget in the same bench runs, on each prompt
-            set and tree it names, then one table and one chart (fasteagle/train/compare.py);
+            set and tree it names, then one table and one chart (fasteagle/train/compare.py); a drafter
+            not saved at that budget yet is left out, and measured with the others once it is;
 7. report   the curves as one result file with its Markdown table and Plotly charts (--report FILE);
 8. ship     only when asked (--stages ship): the drafters named in `ship`, at its budget, written
             where the repository keeps its drafters: weights, config, the settings they trained with,

@@ -157,12 +157,16 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     raw = json.loads(path.read_text())
     raw |= {"out": str(tmp_path / "scaling"), "data_from": str(out), "tune": {}, "ship": {}, "budgets": [5],
             "drafters": {"all": {"drafter": "fasteagle", "num_layers": 2},
-                         "half": {"drafter": "fasteagle", "num_layers": 2, "shard_fraction": 0.5}},
+                         "half": {"drafter": "fasteagle", "num_layers": 2, "shard_fraction": 0.5},
+                         "quarter": {"drafter": "fasteagle", "num_layers": 2, "shard_fraction": 0.25}},
             "pair": ["all", "half"]}
     raw["eval"]["side_by_side"] |= {"steps": 5, "trees": {"chain": ["--tree-k", "1", "--tree-budget", "3"]},
                                     "result": str(tmp_path / "scaling.json")}
     (tmp_path / "scaling-recipe.json").write_text(json.dumps(raw))
-    assert recipe_mod.main([str(tmp_path / "scaling-recipe.json"), "--stages", "prompts,data,train,compare"]) == 0
+    capsys.readouterr()
+    assert recipe_mod.main([str(tmp_path / "scaling-recipe.json"), "--stages", "prompts,data,train,compare",
+                            "--drafters", "all,half"]) == 0
+    assert "left out: quarter" in capsys.readouterr().out  # a run cut short compares what it has, and says so
     assert not (tmp_path / "scaling" / "data").exists() and not (tmp_path / "scaling" / "prompts.pt").exists()
     tokens = {n: json.loads((tmp_path / "scaling" / n / "at-5" / "config.json").read_text())["training"]
               ["tokens_per_feature_dir"] for n in ("all", "half")}
@@ -170,6 +174,11 @@ def test_recipe_trains_both_drafters_on_the_same_data_and_reports_curves(tmp_pat
     assert tokens["all"][data_dir] == doc["data"]["data"]["reply_tokens"] > tokens["half"][data_dir] > 0
     run = json.loads((tmp_path / "scaling.json").read_text())["side_by_side"]["chat"]["chain"]
     assert list(run["methods"]) == ["vanilla", "all", "half"] and "--eagle3-drafter" not in run["command"]
+    assert set(json.loads((tmp_path / "scaling.json").read_text())["drafters"]) == {"all", "half"}
+    # once the last one is saved, the compare stage measures all three side by side again
+    assert recipe_mod.main([str(tmp_path / "scaling-recipe.json"), "--stages", "train,compare"]) == 0
+    run = json.loads((tmp_path / "scaling.json").read_text())["side_by_side"]["chat"]["chain"]
+    assert list(run["methods"]) == ["vanilla", "all", "half", "quarter"]
 
 
 @pytest.mark.parametrize("change, word", [
