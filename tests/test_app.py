@@ -37,11 +37,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(demo: gr.Blocks):
+def served(demo: gr.Blocks, timeout: float | None = None):
+    """A client of `demo` launched on a free port; `timeout`: its requests' (httpx's default is 5 s, which a
+    loaded CI machine can miss on a cancel, which waits for the handler's next frame)."""
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, show_error=False)
     try:
-        yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+        yield Client(f"http://127.0.0.1:{port}/", verbose=False,
+                     httpx_kwargs=None if timeout is None else {"timeout": timeout})
     finally:
         demo.close()
 

@@ -111,7 +111,7 @@ def test_a_run_others_wait_behind_skips_vanilla_and_says_its_time_is_modelled(ti
     assert h.turns.wait(held, 1.0)
     behind = None
     try:
-        with served(demo) as client:
+        with served(demo, timeout=60) as client:
             job = client.submit(FRESH, "lookup", 0.0, 12, "4", 8, 0, "product", api_name="/run")
             outputs_until(job, lambda f: 'data-queue="1"' in str(f["badge"]))
             behind = h.turns.join(5.0)  # another page waits behind it
@@ -139,7 +139,7 @@ def test_a_page_that_goes_away_leaves_the_line(tiny, tmp_path):
     held = h.turns.join(60.0)
     assert h.turns.wait(held, 1.0)
     try:
-        with served(demo) as client:
+        with served(demo, timeout=60) as client:
             job = client.submit(FRESH, "lookup", 0.0, 12, "4", 8, 0, "product", api_name="/run")
             outputs_until(job, lambda f: 'data-queue="1"' in str(f["badge"]))
             assert h.turns.waiting() == 1

@@ -168,11 +168,14 @@ class Handlers:
     def _wait(self, ticket, req: Request) -> Iterator[dict]:
         """The cleared screen with this page's place in line, then a new line whenever its place
         changes (or every WAIT_SAY_S seconds) while other decodes go first; returns when the decoder is
-        this page's. The tree's placeholder says it too, being the biggest thing on the page."""
+        this page's. The tree's placeholder says it too, being the biggest thing on the page. Between lines
+        it yields a frame that changes nothing every WAIT_POLL_S: a page that stops or goes away is let
+        go at the next frame, so it leaves the line within about a second, not at the next line said."""
         ui, said, said_at = self.ui, None, 0.0
         while said is None or not self.turns.wait(ticket, WAIT_POLL_S):
             place = self.turns.place(ticket)
             if place.ahead == said and time.monotonic() - said_at < WAIT_SAY_S:
+                yield {c: gr.skip() for c in ui.outputs}
                 continue
             line = queue_line(place.ahead, place.wait_s + ticket.estimate_s)
             frame = {ui.badge: f'<div class="badge info" data-queue="{place.ahead}">{html.escape(line)}</div>'}
