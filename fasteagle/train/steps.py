@@ -5,7 +5,8 @@
 Some drafters are not trained once from scratch at one budget (that is `recipe.py`'s kind) but grow
 stage by stage, each stage continuing the weights of the one before on data cut for it: the shipped
 FastEagle drafter grew over 13 stages on a CPU and a GPU. Such a recipe is a list of steps, each one
-fasteagle command: `data` (python -m fasteagle.train.data: prompt files and their cuts), `train`
+fasteagle command: `data` (python -m fasteagle.train.data: prompt files and their cuts), `tasks`
+(python -m fasteagle.train.tasks: prompts beyond chat, made from train conversations), `train`
 (python -m fasteagle train) or `vocab` (python -m fasteagle.train.vocab). In a step's arguments
 `{out}` is the recipe's out folder and `{configs}` the folder its `configs` (file name -> training
 settings) are written to.
@@ -37,7 +38,8 @@ from fasteagle.fields import check_types, from_json
 from fasteagle.files import check_writable, write_text
 
 # step kind -> python -m ...
-COMMANDS = {"data": ["fasteagle.train.data"], "train": ["fasteagle", "train"], "vocab": ["fasteagle.train.vocab"]}
+COMMANDS = {"data": ["fasteagle.train.data"], "tasks": ["fasteagle.train.tasks"], "train": ["fasteagle", "train"],
+            "vocab": ["fasteagle.train.vocab"]}
 
 
 @dataclass
@@ -130,9 +132,9 @@ def parse(recipe: StepRecipe, step: Step, what: str = "step"):
 
         parser, argv = build_parser(), ["train", *recipe.argv(step)]
     else:
-        from fasteagle.train import data, vocab
+        from fasteagle.train import data, tasks, vocab
 
-        parser, argv = {"data": data, "vocab": vocab}[step.run].parser(), recipe.argv(step)
+        parser, argv = {"data": data, "tasks": tasks, "vocab": vocab}[step.run].parser(), recipe.argv(step)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -146,7 +148,7 @@ def outputs(step: Step, ns) -> list[str]:
     """What a step writes: a training run's --out, a prompt file, a drafter given a new vocabulary."""
     if step.run == "vocab":
         return [ns.out or ns.drafter]
-    if step.run == "data":
+    if step.run in ("data", "tasks"):
         return [ns.prompts_out] if ns.prompts_out else []
     return [ns.out]
 

@@ -205,8 +205,9 @@ def _counts(text: str) -> dict[str, int]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    from fasteagle.errors import Parser, run_command
+def parser():
+    """The command line (a step recipe checks its steps' arguments with it before anything runs)."""
+    from fasteagle.errors import Parser
 
     parser = Parser(prog="python -m fasteagle.train.tasks",
                     description="Write the per-category evaluation file, or (--prompts-out) a training prompt set.")
@@ -215,7 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counts", default="translation=100,summarization=100,qa=100,math=100,rag=100",
                         help="with --prompts-out: SOURCE=N,...: categories, long, chat, code")
     parser.add_argument("--max-prompt-tokens", type=int, default=2048)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fasteagle.errors import run_command
+
+    args = parser().parse_args(argv)
 
     def go() -> int:
         from fasteagle.files import check_writable
