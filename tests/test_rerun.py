@@ -1,6 +1,8 @@
 """`bench --rerun`: which published results a changed drafter makes stale, how long they take, and the rerun."""
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,31 @@ def test_only_published_results_that_decode_with_the_changed_drafter_are_stale(t
         rerun.stale(["lookup"], tmp_path)
 
 
+def test_a_result_measured_since_its_drafter_changed_is_not_stale(tmp_path):
+    """So that a rerun longer than a session goes on where the last one left off (git's times decide)."""
+    def commit(when: int, *paths: str) -> None:
+        env = os.environ | {f"GIT_{who}_{k}": v for who in ("AUTHOR", "COMMITTER")
+                            for k, v in (("NAME", "t"), ("EMAIL", "t@t"), ("DATE", f"@{when} +0000"))}
+        subprocess.run(["git", "add", *paths], cwd=tmp_path, check=True)
+        subprocess.run(["git", "commit", "-q", "-m", "x"], cwd=tmp_path, check=True, env=env)
+
+    cmd = "python -m fasteagle bench --methods fasteagle --drafter drafters/d --out bench/results/cpu-a.json"
+    _site(tmp_path, {"cpu-a.json": cmd}, linked=["cpu-a.json"])
+    (tmp_path / "drafters" / "d").mkdir(parents=True)
+    (tmp_path / "drafters" / "d" / "config.json").write_text("{}")
+    assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # not a git repository
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    commit(1_000_000_000, ".")
+    assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # not measured after
+    result = tmp_path / "bench" / "results" / "cpu-a.json"
+    result.write_text(result.read_text() + "\n")
+    assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured, not committed yet
+    commit(1_100_000_000, "bench")
+    assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured and committed
+    (tmp_path / "drafters" / "d" / "config.json").write_text('{"changed": true}')
+    assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # the drafter changed again
+
+
 def test_rerun_runs_each_recorded_command_then_redraws_the_docs(tmp_path):
     """A cheap recorded command (a redraw, which names the cascade by its --methods) runs in the repository,
     then the docs' block is drawn from the file it rewrote; a failing command stops with one line."""
@@ -96,8 +123,10 @@ def test_rerun_runs_each_recorded_command_then_redraws_the_docs(tmp_path):
 
 
 def test_bench_rerun_dry_run_lists_and_runs_nothing(capsys):
+    before = {p: p.stat().st_mtime_ns for p in (REPO / "bench" / "results").glob("*.json")}
     assert main(["bench", "--rerun", "fasteagle-equal", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "cpu-smollm2-135m-chat30-2026-11-28.json" in out and "to rerun here" in out
+    assert out.strip() == rerun.describe(rerun.stale(["fasteagle-equal"], REPO)).strip()  # what is stale today
+    assert {p: p.stat().st_mtime_ns for p in (REPO / "bench" / "results").glob("*.json")} == before
     assert main(["bench", "--rerun", "nope", "--dry-run"]) == 2
     assert "neither a method" in capsys.readouterr().err

@@ -9,7 +9,9 @@ method registry (`fasteagle.methods`) with the command's own `--drafter` / `--ea
 `fasteagle-equal` names assets/drafters/smollm2-135m-fasteagle-equal and `fasteagle+lookup` names the shipped
 cascade. A result made from another (`--step-costs SWEEP` reads the sweep's tau and tokens/s) goes stale with
 it and reruns after it. Results measured on a GPU are listed but not rerun here. Each rerun replaces its file
-in place (git keeps the old one) with the very command the file recorded.
+in place (git keeps the old one) with the very command the file recorded. A result that changed after its
+drafters did (as git sees both: the last commit, or the file's time where the working tree differs) was
+measured with them already and is not stale, so a rerun longer than a session goes on where the last left off.
 """
 
 from __future__ import annotations
@@ -140,7 +142,10 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
     for path in published(root):
         doc = read_result(path)
         command = doc.get("command") or ""
-        hit = sorted(changed[f] for f in drafters_of(command, root) if f in changed)
+        folders = [f for f in drafters_of(command, root) if f in changed]
+        hit = sorted(changed[f] for f in folders)
+        if hit and remeasured(path, folders, root):
+            continue
         source = next((v for k, v in _flags(shlex.split(command)) if k in READS), None)
         if hit or source:
             seconds, recorded = estimate(doc)
@@ -153,6 +158,33 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
             s.drafters = made_from.drafters
             by_path[s.path] = s
     return list(by_path.values())
+
+
+def remeasured(result: Path, drafters: list[Path], root: Path) -> bool:
+    """Whether `result` changed after every one of `drafters` (so it was measured with them as they are)."""
+    when = last_change(result, root)
+    return when is not None and all((d := last_change(f, root)) is not None and when > d for f in drafters)
+
+
+def last_change(path: Path, root: Path) -> float | None:
+    """When `path` (a file or folder) last changed as git sees it: its newest file's time where the working tree
+    differs from the last commit (modified or new), else that commit's time; None outside a git repository."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args, "--", str(path)], cwd=root, capture_output=True, text=True,
+                                  timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    status = git("status", "--porcelain")
+    if status is None:
+        return None
+    if status.strip():
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        return max((p.stat().st_mtime for p in files), default=None)
+    stamp = (git("log", "-1", "--format=%ct") or "").strip()
+    return float(stamp) if stamp else None
 
 
 def describe(found: list[Stale]) -> str:
