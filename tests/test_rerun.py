@@ -98,6 +98,8 @@ def test_a_result_measured_since_its_drafter_changed_is_not_stale(tmp_path):
     assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured, not committed yet
     commit(1_100_000_000, "bench")
     assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured and committed
+    (tmp_path / "drafters" / "d" / "README.md").write_text("a better card")
+    assert rerun.stale(["drafters/d"], tmp_path) == []  # its card is not the drafter
     (tmp_path / "drafters" / "d" / "config.json").write_text('{"changed": true}')
     assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # the drafter changed again
 

@@ -161,17 +161,20 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
 
 
 def remeasured(result: Path, drafters: list[Path], root: Path) -> bool:
-    """Whether `result` changed after every one of `drafters` (so it was measured with them as they are)."""
-    when = last_change(result, root)
-    return when is not None and all((d := last_change(f, root)) is not None and when > d for f in drafters)
+    """Whether `result` changed after every one of `drafters` did (its weights or config.json; not its card),
+    so that it was measured with them as they are."""
+    when = last_change([result], root)
+    return when is not None and all(
+        (d := last_change([f / "config.json", *sorted(f.glob("model*.safetensors"))], root)) is not None and when > d
+        for f in drafters)
 
 
-def last_change(path: Path, root: Path) -> float | None:
-    """When `path` (a file or folder) last changed as git sees it: its newest file's time where the working tree
+def last_change(paths: list[Path], root: Path) -> float | None:
+    """When any of `paths` (files) last changed as git sees them: the newest file's time where the working tree
     differs from the last commit (modified or new), else that commit's time; None outside a git repository."""
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", *args, "--", str(path)], cwd=root, capture_output=True, text=True,
+            done = subprocess.run(["git", *args, "--", *map(str, paths)], cwd=root, capture_output=True, text=True,
                                   timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             return None
@@ -181,8 +184,7 @@ def last_change(path: Path, root: Path) -> float | None:
     if status is None:
         return None
     if status.strip():
-        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-        return max((p.stat().st_mtime for p in files), default=None)
+        return max((p.stat().st_mtime for p in paths if p.is_file()), default=None)
     stamp = (git("log", "-1", "--format=%ct") or "").strip()
     return float(stamp) if stamp else None
 
