@@ -4,7 +4,7 @@
 
 Some drafters are not trained once from scratch at one budget (that is `recipe.py`'s kind) but grow
 stage by stage, each stage continuing the weights of the one before on data cut for it: the shipped
-FastEagle drafter grew over 13 stages on a CPU and a GPU. Such a recipe is a list of steps, each one
+FastEagle drafter grew over 14 stages on a CPU and a GPU. Such a recipe is a list of steps, each one
 fasteagle command: `data` (python -m fasteagle.train.data: prompt files and their cuts), `tasks`
 (python -m fasteagle.train.tasks: prompts beyond chat, made from train conversations), `train`
 (python -m fasteagle train) or `vocab` (python -m fasteagle.train.vocab). In a step's arguments
@@ -132,9 +132,9 @@ def parse(recipe: StepRecipe, step: Step, what: str = "step"):
 
         parser, argv = build_parser(), ["train", *recipe.argv(step)]
     else:
-        from fasteagle.train import data, tasks, vocab
+        import importlib
 
-        parser, argv = {"data": data, "tasks": tasks, "vocab": vocab}[step.run].parser(), recipe.argv(step)
+        parser, argv = importlib.import_module(COMMANDS[step.run][0]).parser(), recipe.argv(step)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
