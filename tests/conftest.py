@@ -1,7 +1,10 @@
-"""Shared fixtures: a tiny randomly initialised Llama target built in-process (no downloads), and
-the real embedded default target for the integration tests (downloaded once into the cache)."""
+"""Shared fixtures: a tiny randomly initialised Llama target built in-process (no downloads), the real
+embedded default target for the integration tests (downloaded once into the cache), and the app's: the app
+built on the tiny target, untrained drafters for it, and the warnings it showed."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +55,42 @@ def smollm() -> Target:
     from fasteagle.target import load_target
 
     return load_target(None, device="cpu", dtype="fp32")
+
+
+# -- the app ----------------------------------------------------------------------------------------
+@pytest.fixture
+def warnings(monkeypatch) -> list[str]:
+    """Messages the app showed with gr.Warning (the server runs in this process)."""
+    import gradio as gr
+
+    seen: list[str] = []
+    real = gr.Warning
+
+    def record(message="", *args, **kwargs):
+        seen.append(str(message))
+        return real(message, *args, **kwargs)
+
+    monkeypatch.setattr(gr, "Warning", record)
+    return seen
+
+
+@pytest.fixture
+def tiny_app(tiny, tmp_path):
+    """The app on the tiny target, with no trained drafter (lookup and vanilla only)."""
+    import app
+
+    return app.build_app(tiny, drafter_dir=tmp_path / "no-drafter", eagle3_dir=tmp_path / "no-eagle3")
+
+
+@pytest.fixture
+def drafters(tiny, tmp_path) -> tuple[Path, Path]:
+    """Untrained FastEagle and EAGLE-3 drafters for the tiny target: (FastEagle dir, EAGLE-3 dir)."""
+    from fasteagle.drafter import CascadedDrafter, DrafterConfig
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    torch.manual_seed(0)
+    base = dict(intermediate=64)
+    CascadedDrafter(DrafterConfig.for_target(tiny.model, tiny.name, num_layers=3, **base)).save(tmp_path / "fe")
+    AutoregressiveDrafter(AutoregressiveDrafter.config_for(DrafterConfig.for_target(tiny.model, tiny.name, **base),
+                                                           depth=3)).save(tmp_path / "e3")
+    return tmp_path / "fe", tmp_path / "e3"

@@ -19,7 +19,7 @@ from fasteagle.app.examples import EXAMPLES
 from fasteagle.app.handlers import Handlers
 from fasteagle.app.turns import Turns
 from fasteagle.methods import default_budget
-from tests.test_app import OUT, call_run, check_complete_run, served
+from tests.appclient import OUT, call_run, check_complete_run, served
 
 FRESH = "w9 w10 w11 w9 w10 w11 w9 w10"
 

@@ -71,6 +71,14 @@ def test_only_published_results_that_decode_with_the_changed_drafter_are_stale(t
     assert "2 to rerun here, about 2 min" in listing and "GPU, not rerun here" in listing
     assert [s.path.name for s in rerun.stale(["eagle3"], tmp_path)] == ["cpu-b.json", "cpu-b-costs.json"]
     assert rerun.describe(rerun.stale([str(REPO / "assets/drafters/smollm2-135m-eagle3")], tmp_path)).count("\n") == 4
+    doc = json.loads((tmp_path / "bench" / "results" / "cpu-a.json").read_text())
+    (tmp_path / "bench" / "results" / "cpu-a.json").write_text(json.dumps(doc | {"snapshot": "the old vocabulary"}))
+    found = rerun.stale(["fasteagle-equal"], tmp_path)
+    assert [(s.path.name, s.here) for s in found] == [
+        ("cpu-a.json", False), ("gpu-h200-c.json", False), ("cpu-a-costs.json", True)]
+    listing = rerun.describe(found)
+    assert "kept as measured  bench/results/cpu-a.json" in listing and "snapshot: the old vocabulary" in listing
+    assert "1 to rerun here, about 1 min" in listing
     with pytest.raises(FastEagleError, match="neither a method"):
         rerun.stale(["no-such-drafter"], tmp_path)
     with pytest.raises(FastEagleError, match="loads no trained drafter"):
@@ -94,7 +102,10 @@ def test_a_result_measured_since_its_drafter_changed_is_not_stale(tmp_path):
     commit(1_000_000_000, ".")
     assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # not measured after
     result = tmp_path / "bench" / "results" / "cpu-a.json"
-    result.write_text(result.read_text() + "\n")
+    doc = json.loads(result.read_text())
+    result.write_text(json.dumps(doc | {"partial": {"prompts_done": 1, "prompts": 2}}))
+    assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # a rerun stopped midway
+    result.write_text(json.dumps(doc) + "\n")
     assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured, not committed yet
     commit(1_100_000_000, "bench")
     assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured and committed

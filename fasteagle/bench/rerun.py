@@ -12,6 +12,8 @@ it and reruns after it. Results measured on a GPU are listed but not rerun here.
 in place (git keeps the old one) with the very command the file recorded. A result that changed after its
 drafters did (as git sees both: the last commit, or the file's time where the working tree differs) was
 measured with them already and is not stale, so a rerun longer than a session goes on where the last left off.
+A result whose file says `"snapshot": "why"` measured a drafter as it was (an older compact vocabulary, say)
+for a comparison its command alone cannot make again: it is listed, kept as measured, and never rerun.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ class Stale:
     seconds: float  # its recorded wall time, else an estimate from its own rates (`estimate`)
     recorded: bool  # whether `seconds` was measured
     gpu: bool  # measured on a GPU: not rerun on this machine
+    snapshot: str | None = None  # why it is kept as measured (the file's "snapshot"): not rerun
+
+    @property
+    def here(self) -> bool:
+        """Whether `--rerun` runs it on this machine."""
+        return not (self.gpu or self.snapshot)
 
 
 def published(root: Path) -> list[Path]:
@@ -144,13 +152,14 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
         command = doc.get("command") or ""
         folders = [f for f in drafters_of(command, root) if f in changed]
         hit = sorted(changed[f] for f in folders)
-        if hit and remeasured(path, folders, root):
+        if hit and remeasured(path, folders, root) and not doc.get("partial"):  # a run cut short is not done
             continue
         source = next((v for k, v in _flags(shlex.split(command)) if k in READS), None)
         if hit or source:
             seconds, recorded = estimate(doc)
             gpu = path.name.startswith("gpu-") or "--device cuda" in command
-            (out if hit else derived).append((Stale(path.relative_to(root), command, hit, seconds, recorded, gpu),
+            (out if hit else derived).append((Stale(path.relative_to(root), command, hit, seconds, recorded, gpu,
+                                                    doc.get("snapshot")),
                                               source))
     by_path = {s.path: s for s, _ in out}
     for s, source in derived:  # after every direct hit, so a sweep reruns before what is made from it
@@ -194,12 +203,14 @@ def describe(found: list[Stale]) -> str:
     if not found:
         return "no published result decodes with that drafter"
     def when(s: Stale) -> str:
+        if s.snapshot:
+            return "kept as measured"
         return "GPU, not rerun here" if s.gpu else f"{s.seconds / 60:.0f} min" + ("" if s.recorded else " (est.)")
 
-    lines = [f"{when(s):>22}"
-             f"  {s.path}  [{', '.join(s.drafters)}]\n{'':>24}{s.command}" for s in found]
-    total = sum(s.seconds for s in found if not s.gpu)
-    return "\n".join(lines) + f"\n{len([s for s in found if not s.gpu])} to rerun here, about {total / 60:.0f} min"
+    lines = [f"{when(s):>22}  {s.path}  [{', '.join(s.drafters)}]\n{'':>24}"
+             + (f"snapshot: {s.snapshot}" if s.snapshot else s.command) for s in found]
+    todo = [s for s in found if s.here]
+    return "\n".join(lines) + f"\n{len(todo)} to rerun here, about {sum(s.seconds for s in todo) / 60:.0f} min"
 
 
 def rerun(found: list[Stale], documents: list[str], root: Path = Path(".")) -> list[Path]:
@@ -209,7 +220,7 @@ def rerun(found: list[Stale], documents: list[str], root: Path = Path(".")) -> l
 
     from fasteagle.bench.reports import RESULT_BLOCK, update_docs
 
-    todo = [s for s in found if not s.gpu]
+    todo = [s for s in found if s.here]
     for s in tqdm(todo, desc="rerun results", unit="result"):
         argv = shlex.split(s.command)
         start = time.monotonic()
