@@ -152,8 +152,8 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
         command = doc.get("command") or ""
         folders = [f for f in drafters_of(command, root) if f in changed]
         hit = sorted(changed[f] for f in folders)
-        if hit and remeasured(path, folders, root) and not doc.get("partial"):  # a run cut short is not done
-            continue
+        if hit and not doc.get("snapshot") and not doc.get("partial") and remeasured(path, folders, root):
+            continue  # measured with the drafters as they are (a snapshot is listed as kept; a cut run is not)
         source = next((v for k, v in _flags(shlex.split(command)) if k in READS), None)
         if hit or source:
             seconds, recorded = estimate(doc)
