@@ -10,7 +10,8 @@ how many greedy outputs are token-identical to vanilla (not checked under sampli
 
 JSON schema (`compare` + `result_document`): {"device", "target", "date", "torch", "settings",
 "methods": {name: summary}, "per_category": {category: {name: summary}}, "rows": {name: [per prompt]},
-"command"} (+ "partial" for a run stopped early); docs/results.md says what each field holds.
+"command"} (+ "partial" for a run stopped early, "snapshot" for one `--rerun` keeps as measured);
+docs/results.md says what each field holds.
 
 One module per job: `prompts` (prompt files), `timing` (timing decodes, `compare`), `costs` (a
 verify forward and a draft step timed alone), `tune` (`--tree auto` and the budget curve),
