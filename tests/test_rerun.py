@@ -115,6 +115,29 @@ def test_a_result_measured_since_its_drafter_changed_is_not_stale(tmp_path):
     assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # the drafter changed again
 
 
+def test_a_result_made_from_a_remeasured_sweep_stays_stale_until_remade(tmp_path):
+    """`--step-costs` reads a sweep: once the sweep is measured again, what was made from the old one is stale."""
+    sweep = "python -m fasteagle bench --methods fasteagle --drafter drafters/d --out bench/results/cpu-a.json"
+    costs = "python -m fasteagle bench --engine vllm --step-costs bench/results/cpu-a.json --out x"
+    _site(tmp_path, {"cpu-a.json": sweep, "cpu-a-costs.json": costs}, linked=["cpu-a.json", "cpu-a-costs.json"])
+    (tmp_path / "drafters" / "d").mkdir(parents=True)
+    (tmp_path / "drafters" / "d" / "config.json").write_text("{}")
+    env = os.environ | {f"GIT_{who}_{k}": v for who in ("AUTHOR", "COMMITTER")
+                        for k, v in (("NAME", "t"), ("EMAIL", "t@t"), ("DATE", "@1000000000 +0000"))}
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "x"], cwd=tmp_path, check=True, env=env)
+    names = lambda: [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)]  # noqa: E731
+    assert names() == ["cpu-a.json", "cpu-a-costs.json"]
+    results = tmp_path / "bench" / "results"
+    (results / "cpu-a.json").write_text((results / "cpu-a.json").read_text() + "\n")  # the sweep remeasured
+    assert names() == ["cpu-a-costs.json"]
+    (results / "cpu-a-costs.json").write_text((results / "cpu-a-costs.json").read_text() + "\n")
+    later = (results / "cpu-a.json").stat().st_mtime + 10  # made after the sweep, whatever the clock's grain
+    os.utime(results / "cpu-a-costs.json", (later, later))
+    assert names() == []
+
+
 def test_rerun_runs_each_recorded_command_then_redraws_the_docs(tmp_path):
     """A cheap recorded command (a redraw, which names the cascade by its --methods) runs in the repository,
     then the docs' block is drawn from the file it rewrote; a failing command stops with one line."""

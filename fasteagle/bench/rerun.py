@@ -146,12 +146,13 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
     from fasteagle.bench.reports import read_result
 
     changed = changed_folders(names, root)
-    out, derived = [], []
+    out, derived, named = [], [], {}
     for path in published(root):
         doc = read_result(path)
         command = doc.get("command") or ""
         folders = [f for f in drafters_of(command, root) if f in changed]
         hit = sorted(changed[f] for f in folders)
+        named[path.relative_to(root)] = hit
         if hit and not doc.get("snapshot") and not doc.get("partial") and remeasured(path, folders, root):
             continue  # measured with the drafters as they are (a snapshot is listed as kept; a cut run is not)
         source = next((v for k, v in _flags(shlex.split(command)) if k in READS), None)
@@ -165,6 +166,10 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
     for s, source in derived:  # after every direct hit, so a sweep reruns before what is made from it
         if (made_from := by_path.get(Path(source))) is not None:
             s.drafters = made_from.drafters
+            by_path[s.path] = s
+        elif named.get(Path(source)) and (last_change([root / source], root) or 0) > (
+                last_change([root / s.path], root) or 0):  # its sweep was remeasured since it was made
+            s.drafters = named[Path(source)]
             by_path[s.path] = s
     return list(by_path.values())
 
