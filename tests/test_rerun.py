@@ -54,6 +54,16 @@ def _site(root: Path, results: dict[str, str], linked: list[str]) -> None:
     (root / "README.md").write_text("# x\n")
 
 
+def _commit(root: Path, when: int, *paths: str) -> None:
+    """Commit `paths` in `root` (a git repository made on first use) as of the Unix time `when`."""
+    if not (root / ".git").is_dir():
+        subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    env = os.environ | {f"GIT_{who}_{k}": v for who in ("AUTHOR", "COMMITTER")
+                        for k, v in (("NAME", "t"), ("EMAIL", "t@t"), ("DATE", f"@{when} +0000"))}
+    subprocess.run(["git", "add", *paths], cwd=root, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "x"], cwd=root, check=True, env=env)
+
+
 def test_only_published_results_that_decode_with_the_changed_drafter_are_stale(tmp_path):
     _site(tmp_path, {
         "cpu-a.json": "python -m fasteagle bench --methods vanilla,fasteagle-equal --out bench/results/cpu-a.json",
@@ -87,19 +97,12 @@ def test_only_published_results_that_decode_with_the_changed_drafter_are_stale(t
 
 def test_a_result_measured_since_its_drafter_changed_is_not_stale(tmp_path):
     """So that a rerun longer than a session goes on where the last one left off (git's times decide)."""
-    def commit(when: int, *paths: str) -> None:
-        env = os.environ | {f"GIT_{who}_{k}": v for who in ("AUTHOR", "COMMITTER")
-                            for k, v in (("NAME", "t"), ("EMAIL", "t@t"), ("DATE", f"@{when} +0000"))}
-        subprocess.run(["git", "add", *paths], cwd=tmp_path, check=True)
-        subprocess.run(["git", "commit", "-q", "-m", "x"], cwd=tmp_path, check=True, env=env)
-
     cmd = "python -m fasteagle bench --methods fasteagle --drafter drafters/d --out bench/results/cpu-a.json"
     _site(tmp_path, {"cpu-a.json": cmd}, linked=["cpu-a.json"])
     (tmp_path / "drafters" / "d").mkdir(parents=True)
     (tmp_path / "drafters" / "d" / "config.json").write_text("{}")
     assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # not a git repository
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    commit(1_000_000_000, ".")
+    _commit(tmp_path, 1_000_000_000, ".")
     assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # not measured after
     result = tmp_path / "bench" / "results" / "cpu-a.json"
     doc = json.loads(result.read_text())
@@ -107,7 +110,7 @@ def test_a_result_measured_since_its_drafter_changed_is_not_stale(tmp_path):
     assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # a rerun stopped midway
     result.write_text(json.dumps(doc) + "\n")
     assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured, not committed yet
-    commit(1_100_000_000, "bench")
+    _commit(tmp_path, 1_100_000_000, "bench")
     assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured and committed
     (tmp_path / "drafters" / "d" / "README.md").write_text("a better card")
     assert rerun.stale(["drafters/d"], tmp_path) == []  # its card is not the drafter
@@ -122,11 +125,7 @@ def test_a_result_made_from_a_remeasured_sweep_stays_stale_until_remade(tmp_path
     _site(tmp_path, {"cpu-a.json": sweep, "cpu-a-costs.json": costs}, linked=["cpu-a.json", "cpu-a-costs.json"])
     (tmp_path / "drafters" / "d").mkdir(parents=True)
     (tmp_path / "drafters" / "d" / "config.json").write_text("{}")
-    env = os.environ | {f"GIT_{who}_{k}": v for who in ("AUTHOR", "COMMITTER")
-                        for k, v in (("NAME", "t"), ("EMAIL", "t@t"), ("DATE", "@1000000000 +0000"))}
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
-    subprocess.run(["git", "commit", "-q", "-m", "x"], cwd=tmp_path, check=True, env=env)
+    _commit(tmp_path, 1_000_000_000, ".")
     names = lambda: [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)]  # noqa: E731
     assert names() == ["cpu-a.json", "cpu-a-costs.json"]
     results = tmp_path / "bench" / "results"
