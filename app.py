@@ -30,7 +30,8 @@ import torch  # noqa: E402
 import viz  # noqa: E402
 from fasteagle.app.engine import EQUAL_INFO, EQUAL_LABEL, MAX_NEW_TOKENS, Engine, Request  # noqa: E402
 from fasteagle.app.examples import EXAMPLES, ExampleCache, default_max_new  # noqa: E402
-from fasteagle.app.handlers import UI, Handlers  # noqa: E402
+from fasteagle.app.handlers import Handlers  # noqa: E402
+from fasteagle.app.screen import UI  # noqa: E402
 from fasteagle.app.text import BATCH_NOTE, EXPLAINER, SHORT_EXPLAINER, batch_chart  # noqa: E402
 from fasteagle.app.turns import Turns  # noqa: E402
 from fasteagle.env import env  # noqa: E402
@@ -294,19 +295,15 @@ def _connect_steps(ui: UI, handlers: Handlers) -> None:
                       queue=False, show_progress="hidden")
     ui.next_btn.click(handlers.on_next, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_next",
                       queue=False, show_progress="hidden")
-    ui.spec_reply.token(handlers.on_token, [ui.step_slider, ui.run_state], ui.step_slider, api_name=False,
-                        queue=False, show_progress="hidden")
-    ui.run_state.change(handlers.on_race, ui.run_state, ui.race, api_name=False, queue=False,
-                        show_progress="hidden")
-    ui.run_state.change(handlers.on_playback, ui.run_state, ui.playback, api_name=False, queue=False,
-                        show_progress="hidden")
+    quiet = dict(api_name=False, queue=False, show_progress="hidden")  # browsing: no API, no queue, no spinner
+    ui.spec_reply.token(handlers.on_token, [ui.step_slider, ui.run_state], ui.step_slider, **quiet)
+    ui.run_state.change(handlers.on_race, ui.run_state, ui.race, **quiet)
+    ui.run_state.change(handlers.on_playback, ui.run_state, ui.playback, **quiet)
     playing = gr.State(False)
     ui.play_btn.click(handlers.on_play, [playing, ui.step_slider, ui.run_state],
-                      [playing, ui.play_timer, ui.play_btn, ui.step_slider], api_name=False, queue=False,
-                      show_progress="hidden")
+                      [playing, ui.play_timer, ui.play_btn, ui.step_slider], **quiet)
     ui.play_timer.tick(handlers.on_tick, [ui.step_slider, ui.run_state],
-                       [ui.step_slider, playing, ui.play_timer, ui.play_btn], api_name=False, queue=False,
-                       show_progress="hidden")
+                       [ui.step_slider, playing, ui.play_timer, ui.play_btn], **quiet)
 
 
 def _connect_settings(ui: UI, handlers: Handlers) -> None:

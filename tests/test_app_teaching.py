@@ -12,7 +12,7 @@ import gradio as gr
 
 import app
 import viz
-from fasteagle.app import handlers as app_handlers
+from fasteagle.app import screen
 from fasteagle.app import text as app_text
 from tests.appclient import call_run, check_complete_run, kept, plot_data, reply_text, served
 
@@ -102,7 +102,7 @@ def test_presentation_mode_redraws_the_tree_large(tiny_app):
     assert on is True and side.visible is True
     label = next(t for t in fig.data if t.name == "accepted").textfont.size
     assert label == viz.LARGE.label_px and fig.layout.title.font.size == viz.LARGE.title_px
-    assert fig.layout.height == app_handlers._run_tree_height(run, viz.LARGE)
+    assert fig.layout.height == screen._run_tree_height(run, viz.LARGE)
     off, fig, side = h.on_present(False, 1, run)
     assert off is False and side.visible is False and fig.layout.title.font.size == viz.NORMAL.title_px
     assert kept(h.on_present(True, 1, None)[1])  # nothing to redraw

@@ -33,6 +33,7 @@ LAYERS = [
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
     {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine"},
     {"fasteagle.app.text", "fasteagle.app.examples"},
+    {"fasteagle.app.screen"},
     {"fasteagle.app.handlers"},
     {"fasteagle.app.loadtest"},
 ]
