@@ -1,27 +1,24 @@
-"""Command line: `python -m fasteagle {generate,train,bench,export} ...`. User errors print one line."""
+"""Command line: `python -m fasteagle {generate,train,bench,export,serve} ...`: the parser, the checks every
+command's settings pass before a model loads, `generate` and `train`; `bench` is `cli_bench`, `export` and
+`serve` are `cli_vllm`. User errors print one line."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
-import time
 from pathlib import Path
 
+from fasteagle import cli_bench, cli_vllm
 from fasteagle.cli_args import (  # noqa: F401  (make_drafter, method_settings: the commands' and tests' entry)
     _add_method_args,
     _add_target_args,
     _names,
-    int_list,
+    command_line,
     make_drafter,
     method_settings,
-    parse_tree_k,
 )
 from fasteagle.errors import FastEagleError, Parser, run_command
-from fasteagle.methods import ALIASES, METHODS, PAPER_BUDGET
-
-STARTED = time.monotonic()  # a result's wall_s counts from here: loads included, as a rerun pays them
+from fasteagle.methods import ALIASES, METHODS
 
 
 def cmd_generate(args) -> int:
@@ -68,319 +65,51 @@ def cmd_train(args) -> int:
     from fasteagle.train.trainer import train
 
     cfg = TrainConfig(**train_settings(args)).check()  # every setting, before the target loads
-    train(cfg, command=_command())
+    train(cfg, command=command_line())
     return 0
 
 
-def _command() -> str:
-    """The command line that produced a result, stored in it (the docs cite it)."""
-    return "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def _report(doc: dict, out: str | None, charts: bool = False) -> int:
-    """Print a measurement as a table and keep it as JSON, with the .md table (and, for a method
-    comparison, the .html charts) beside it; every file is replaced whole or not at all."""
-    from fasteagle import bench, files
-
-    doc["command"] = _command()
-    doc.setdefault("wall_s", round(time.monotonic() - STARTED, 1))
-    table = bench.markdown_table(doc)
-    print(table)
-    if out:
-        files.write_text(out, json.dumps(doc, indent=2))
-        files.write_text(Path(out).with_suffix(".md"), table)
-        print(f"wrote {out} (+ .md table{_charts_beside(doc, Path(out)) if charts else ''})")
-    return 0
 
 
-def _check_out(out: str, charts: bool) -> None:
-    """--out and the files written beside it must be writable before anything is timed: a write that
-    fails after the measurement would lose it."""
-    from fasteagle.files import check_writable
-
-    path = Path(out)
-    if path.suffix in (".md", ".html"):
-        raise FastEagleError(f"--out {out} would be overwritten by the {path.suffix} written beside the result; "
-                             "give a .json path")
-    check_writable(path, "--out")
-    for suffix in (".md", ".html") if charts else (".md",):
-        check_writable(path.with_suffix(suffix), f"the {suffix} beside --out,")
 
 
-def cmd_bench(args) -> int:
-    """`bench`: the first mode flag given, in BENCH_MODES order, picks what it does; comparing methods on
-    prompt sets is the default. Every list, file and output is checked before the model loads."""
-    if args.repeats is not None and args.repeats < 1:
-        raise FastEagleError("--repeats must be at least 1")
-    mode = next((m for m in BENCH_MODES if getattr(args, m, None)), "compare")
-    return BENCH_MODES[mode](args)
 
 
-def _bench_update_docs(args) -> int:
-    from fasteagle import bench
-
-    changed = bench.update_docs(_names(args.update_docs))
-    for path in changed:
-        print(f"updated {path.as_posix()}")
-    if not changed:
-        print("every result block is up to date")
-    return 0
 
 
-def _bench_rerun(args) -> int:
-    from fasteagle.bench import rerun
-
-    found = rerun.stale(_names(args.rerun))
-    print(rerun.describe(found))
-    if not args.dry_run and found:
-        for path in rerun.rerun(found, list(DOCS)):
-            print(f"updated {path.as_posix()}")
-    return 0
 
 
-def _bench_redraw(args) -> int:
-    from fasteagle import bench
-
-    for f in _names(args.redraw):
-        bench.redraw(f)
-        print(f"redrew {Path(f).with_suffix('.md')} (+ .html charts for a method comparison)")
-    return 0
 
 
-def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[int], list[int] | None]:
-    """The lists every measurement parses and its --out, checked before the model loads so that none
-    fails after the timing: (--verify-cost sizes, --depths, --budget-curve budgets)."""
-    from fasteagle import bench
-
-    if args.tree_budget is None:  # measurements keep the paper's size unless told (--tree auto tunes it)
-        args.tree_budget = PAPER_BUDGET
-    sizes = int_list(args.verify_cost, "--verify-cost") if args.verify_cost else None
-    depths = int_list(args.depths, "--depths")
-    budgets = int_list(args.budget_curve, "--budget-curve", minimum=2) if args.budget_curve else None
-    if args.draft_step and args.draft_step not in bench.SHAPES:
-        raise FastEagleError(f"unknown --draft-step shape {args.draft_step!r}; choose one of {', '.join(bench.SHAPES)}")
-    if args.out:
-        _check_out(args.out, charts=charts)
-    return sizes, depths, budgets
 
 
-def _bench_engines(args) -> int:
-    """`--engine vllm`: the flags and prompts checked, the target loaded, then `cli_vllm.bench`."""
-    from fasteagle.target import load_target
-    from fasteagle.vllm_engine import require_vllm
-
-    require_vllm()
-    sizes = int_list(args.batch_sizes or ("32" if args.distill_speed else "1"), "--batch-sizes")
-    if args.out:
-        _check_out(args.out, charts=args.repeats is not None)
-    if args.step_costs:  # vLLM alone, no prompts: our target is not loaded
-        return _report(_vllm().bench(args, None, method_settings(args), [], [], sizes), args.out)
-    if args.distill_speed:  # the target alone writes the replies: no methods to check
-        args.methods = "vanilla"
-    names, _, prompts = _bench_prompts(args)
-    target = load_target(args.target, "cpu", "fp32", pack=args.pack)
-    doc = _vllm().bench(args, target, method_settings(args), names, [p["text"] for p in prompts], sizes)
-    return _report(doc, args.out, charts=args.repeats is not None)
 
 
-def _bench_draft_step(args) -> int:
-    from fasteagle import bench
-
-    _, depths, _ = _bench_checks(args)
-    return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
-                                         pack=args.pack, int8=args.draft_int8), args.out)
 
 
-def _bench_verify_cost(args) -> int:
-    from fasteagle import bench
-    from fasteagle.target import load_target
-
-    sizes, _, _ = _bench_checks(args)
-    target = load_target(args.target, args.device, args.dtype, pack=args.pack)
-    timed = target
-    if args.compare_packing:
-        if not target.packed:
-            raise FastEagleError("--compare-packing needs a target whose linears can be prepacked (fp32 on CPU)")
-        timed = {"prepacked": target, "stock": load_target(args.target, args.device, args.dtype, pack=False)}
-    return _report(bench.verify_cost(timed, sizes) | {"device": bench.device_name(target.device),
-                                                      "packed_linears": target.packed}, args.out)
 
 
-def _bench_prompts(args) -> tuple[list[str], list[str], list[dict]]:
-    """The methods to measure (vanilla always among them), the prompt files and their prompts."""
-    from fasteagle import bench
-    from fasteagle.vllm_engine import METHODS as ENGINE_METHODS
-
-    if not args.prompts:
-        raise FastEagleError("--prompts is required (a JSON-lines file, or several separated by commas)")
-    names = _names(args.methods)
-    known = (*bench.HF_METHODS, *METHODS) if getattr(args, "engine", None) != "vllm" else ENGINE_METHODS
-    known = (*known, *dict(method_settings(args).named))  # --drafters' labels
-    unknown = [m for m in names if m not in known and m not in ALIASES]  # aliases: recorded results cite them
-    if unknown:
-        raise FastEagleError(f"unknown method {unknown[0]!r}; choose from {', '.join(known)}")
-    if "vanilla" not in names:
-        names.insert(0, "vanilla")
-    prompt_files = _names(args.prompts)
-    if not prompt_files:
-        raise FastEagleError("--prompts names no file")
-    return names, prompt_files, [p for f in prompt_files for p in bench.load_prompts(f, args.limit)]
 
 
-def _bench_setup(args, names: list[str], prompts: list[dict], prompt_files: list[str]) -> tuple:
-    """The target, the methods' drafters (name -> drafter, None for vanilla and hf-*) and the run's settings."""
-    from fasteagle import bench
-    from fasteagle.target import load_target
-
-    target = load_target(args.target, args.device, args.dtype, pack=args.pack)
-    methods = {m: None if m in bench.HF_METHODS else make_drafter(m, target, args) for m in names}
-    settings = {"prompts": prompt_files, "prompts_desc": f"{len(prompts)} prompts,",
-                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                "seed": args.seed,
-                "tree_k": args.tree_k or {m: d.tree_k for m, d in methods.items() if hasattr(d, "tree_k")},
-                "tree_budget": args.tree_budget, "tree_shape": args.tree_shape,
-                "full_vocab": method_settings(args).wants_full_vocab(target.device), "dtype": str(target.dtype),
-                "packed_linears": target.packed,
-                "draft_weights": next((d.packing for d in methods.values() if getattr(d, "packing", None)), None),
-                "drafters": _drafter_summaries(methods)}
-    return target, methods, settings
 
 
-def _bench_profile(args) -> int:
-    import time
-
-    import torch
-
-    from fasteagle import bench
-    from fasteagle.generate import chat_prompt_ids
-    from fasteagle.profile import profile_steps
-    from fasteagle.verify import SamplingParams
-
-    _bench_checks(args)
-    names, prompt_files, prompts = _bench_prompts(args)
-    target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
-    if any(m in bench.HF_METHODS for m in methods):
-        raise FastEagleError("--profile-step times this project's decoding loop: drop the hf-* methods")
-    ids = [chat_prompt_ids(target, p["text"]) for p in prompts]
-    sampling = SamplingParams(args.temperature, args.top_p)
-    doc = {"profile": True, "device": bench.device_name(target.device), "target": target.name,
-           "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "settings": settings,
-           "methods": profile_steps(target, methods, ids, args.max_new_tokens, sampling)}
-    return _report(doc, args.out)
 
 
-def _bench_budget_curve(args) -> int:
-    from fasteagle import bench
-
-    _, _, budgets = _bench_checks(args)
-    names, prompt_files, prompts = _bench_prompts(args)
-    target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
-    drafted = [m for m, d in methods.items() if hasattr(d, "tree_budget")]
-    if len(drafted) != 1:
-        raise FastEagleError("--budget-curve replays one trained drafter: give --methods one of fasteagle, "
-                             "eagle3, ... (vanilla aside)")
-    d = methods[drafted[0]]
-    doc = bench.budget_curve(target, d, prompts, budgets, args.max_new_tokens, args.seed) | {
-        "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
-        "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "full_vocab": settings["full_vocab"],
-        "prompts_desc": settings["prompts_desc"], "prompts": prompt_files}
-    return _report(doc, args.out)
 
 
-def _bench_compare(args) -> int:
-    from fasteagle import bench, files
-    from fasteagle.verify import SamplingParams
-
-    _bench_checks(args, charts=True)
-    names, prompt_files, prompts = _bench_prompts(args)
-    target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
-    done = kept = 0  # prompts measured, and those of them whose result is on disk
-
-    def keep_so_far(rows: dict) -> None:  # a run killed by a time limit leaves what it measured
-        nonlocal done, kept
-        done = len(next(iter(rows.values())))
-        if args.out and done < len(prompts):
-            partial = {"partial": {"prompts_done": done, "prompts": len(prompts)}}
-            files.write_text(args.out, json.dumps(bench.result_document(target, rows, settings) | partial
-                                                  | {"command": _command()}, indent=2))
-            kept = done
-
-    try:
-        if args.tree == "auto":
-            _tune_trees(target, methods, settings, prompt_files, args.limit)
-        sampling = SamplingParams(args.temperature, args.top_p)
-        rows = bench.compare(target, methods, prompts, args.max_new_tokens, sampling, args.seed,
-                             on_prompt=keep_so_far, repeats=args.repeats or 1)
-    except KeyboardInterrupt:
-        _say_what_was_kept(args.out, kept, done, len(prompts))
-        return 130
-    return _report(bench.result_document(target, rows, settings), args.out, charts=True)
 
 
-def _tune_trees(target, methods: dict, settings: dict, prompt_files: list[str], limit: int | None) -> None:
-    """--tree auto: each trained drafter gets the budget that suits it on this device, tuned on prompts
-    outside the measured ones; the choices and what they were made from go into `settings`."""
-    from fasteagle import bench
-
-    settings["tree_budget"], settings["tree_auto"] = {}, {}
-    tune = bench.tuning_prompts(prompt_files, limit)
-    settings["tree_auto_prompts"] = [p["id"] for p in tune]
-    for m, d in methods.items():
-        if hasattr(d, "tree_budget"):  # the trained drafters, alone or joined with lookup
-            choice = bench.auto_tree(target, d, tune)
-            settings["tree_budget"][m], settings["tree_auto"][m] = choice["budget"], choice
 
 
-def _say_what_was_kept(out: str | None, kept: int, done: int, total: int) -> None:
-    """One line after Ctrl-C: how many prompts' results a stopped comparison kept, and where."""
-    if kept:
-        print(f"interrupted: kept {kept} of {total} prompts in {out}", file=sys.stderr)
-    elif out:
-        print(f"interrupted: nothing kept (no prompt had finished); {out} not written", file=sys.stderr)
-    else:
-        print(f"interrupted: nothing kept (no --out given) after {done} of {total} prompts", file=sys.stderr)
 
 
-DOCS = ("README.md", "docs/results.md")  # the documents whose result tables `bench --update-docs` draws
-
-# `bench`'s modes, one function each: the first whose flag is given runs (`compare` when none is).
-BENCH_MODES = {
-    "rerun": _bench_rerun,
-    "update_docs": _bench_update_docs,
-    "redraw": _bench_redraw,
-    "draft_step": _bench_draft_step,
-    "verify_cost": _bench_verify_cost,
-    "profile_step": _bench_profile,
-    "budget_curve": _bench_budget_curve,
-    "engine": lambda args: _bench_engines(args) if args.engine == "vllm" else _bench_compare(args),
-    "compare": _bench_compare,
-}
 
 
-def _charts_beside(doc: dict, out: Path) -> str:
-    """Draw the .html charts beside a result; where plotly is missing (a bare GPU machine that only
-    measures) the measurement is kept and `--redraw` draws them later."""
-    from fasteagle import bench
-
-    try:
-        bench.charts(doc, out.with_suffix(".html"))
-    except ModuleNotFoundError as exc:
-        print(f"no .html charts ({exc.name} is not installed): `python -m fasteagle bench --redraw {out}` draws "
-              "them where it is", file=sys.stderr)
-        return ""
-    return ", .html charts"
 
 
-def _drafter_summaries(methods: dict) -> dict:
-    """The trained drafters a run timed, each once (`fasteagle+lookup` reuses fasteagle's weights)."""
-    from fasteagle import bench
 
-    out, seen = {}, set()
-    for m, d in methods.items():
-        if hasattr(d, "info") and d.path not in seen:
-            seen.add(d.path)
-            out[m] = bench.drafter_summary(d)
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -389,16 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _generate_parser(sub)
     _train_parser(sub)
-    _bench_parser(sub)
-    _vllm().add_parsers(sub)
+    cli_bench.add_parser(sub)
+    cli_vllm.add_parsers(sub)
     return parser
 
 
-def _vllm():
-    """The command line's vLLM side (`fasteagle.cli_vllm`): export, serve, bench --engine vllm."""
-    from fasteagle import cli_vllm
-
-    return cli_vllm
 
 
 def _generate_parser(sub) -> None:
@@ -487,50 +211,6 @@ def _train_parser(sub) -> None:
     t.set_defaults(func=cmd_train)
 
 
-def _bench_parser(sub) -> None:
-    """`bench`: a method comparison, or one of its single measurements (--verify-cost, --draft-step, ...)."""
-    b = sub.add_parser("bench", help="compare decoding methods on prompt sets (tokens/s, speedup, tau, lossless)")
-    b.add_argument("--prompts", default=None, help="JSON-lines prompt file(s), comma separated")
-    b.add_argument("--methods", default="vanilla,hf-generate,hf-prompt-lookup,lookup,fasteagle",
-                   help="comma list of: hf-generate, hf-prompt-lookup, " + ", ".join(METHODS)
-                   + "; fasteagle-equal: the cascade trained as the eagle3 drafter was")
-    b.add_argument("--limit", type=int, default=None,
-                   help="prompts per file (per category, in a file of several categories)")
-    b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")
-    b.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
-                   help="auto: measure this device and give each trained drafter its best tree budget (tokens/s)")
-    b.add_argument("--verify-cost", dest="verify_cost", default=None, metavar="SIZES",
-                   help="only measure one target forward over trees of these sizes, e.g. 1,8,16,32,64")
-    b.add_argument("--compare-packing", dest="compare_packing", action="store_true",
-                   help="with --verify-cost: time prepacked and stock linear layers interleaved")
-    b.add_argument("--draft-step", dest="draft_step", default=None, metavar="SHAPE",
-                   help="only time one draft step of FastEagle vs EAGLE-3-style at a model shape, random weights "
-                        "(llama3-8b or smollm2-135m)")
-    b.add_argument("--depths", default="4,6,8", help="draft depths for --draft-step")
-    b.add_argument("--profile-step", dest="profile_step", action="store_true",
-                   help="with --prompts/--methods: where each decode step's time goes (ms and dispatched ops for "
-                        "the target forward, tree building, drafter extend and the rest)")
-    b.add_argument("--budget-curve", dest="budget_curve", default=None, metavar="BUDGETS",
-                   help="with --prompts and one trained drafter: tau (greedy) against these tree budgets, e.g. "
-                        "6,24,60,128,192, per prompt category, replayed from one decode at the largest; no timing")
-    b.add_argument("--update-docs", dest="update_docs", nargs="?", const=",".join(DOCS), default=None,
-                   metavar="DOCS", help="draw every result table of these documents (comma list; default "
-                   f"{','.join(DOCS)}) again from the result file each block names; nothing is timed")
-    b.add_argument("--redraw", default=None, metavar="FILES",
-                   help="write the .md table (and a method comparison's .html charts) of these result JSON files "
-                        "again, with this version's tables and charts; nothing is timed")
-    b.add_argument("--drafters", default=None, metavar="LABEL=FOLDER,...",
-                   help="more trained drafters to time side by side, each a method of its own label in --methods "
-                        "(e.g. --drafters flat=runs/x/at-600 --methods vanilla,fasteagle,flat)")
-    b.add_argument("--rerun", default=None, metavar="DRAFTERS",
-                   help="rerun every published CPU result that decodes with these drafters (methods such as "
-                        "fasteagle-equal, or folders; comma list) by the command it recorded, then --update-docs")
-    b.add_argument("--dry-run", dest="dry_run", action="store_true",
-                   help="with --rerun: list those results, their commands and minutes; run nothing")
-    _vllm().add_bench_args(b)
-    _add_target_args(b)
-    _add_method_args(b)
-    b.set_defaults(func=cmd_bench)
 
 
 def _check_args(args) -> None:

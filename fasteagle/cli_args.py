@@ -1,9 +1,11 @@
 """The flags several commands share (the target's, the drafting method's) and the settings they make, and
-the small parsers of comma lists: what `cli` and `cli_vllm` both read."""
+the small parsers of comma lists: what `cli`, `cli_bench` and `cli_vllm` read."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 from fasteagle.errors import FastEagleError
@@ -130,3 +132,8 @@ def named_drafters(text: str | None) -> tuple[tuple[str, Path], ...]:
 def _names(text: str) -> list[str]:
     """A comma list of names or files, empty entries dropped."""
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def command_line() -> str:
+    """The command line that produced a result, stored in it (the docs cite it)."""
+    return "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:])

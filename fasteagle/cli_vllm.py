@@ -1,6 +1,6 @@
 """The command line's vLLM side: `export` (our EAGLE-3-style drafter in the EAGLE-3 format, a cascade as the
 checkpoint our vLLM plugin loads) and `serve` (vLLM's OpenAI-compatible server with a method's drafter);
-`bench --engine vllm` is `cli`'s. vLLM itself is imported only by the commands that run it
+`bench --engine vllm` is `cli_bench`'s. vLLM itself is imported only by the commands that run it
 (`fasteagle.vllm_engine`)."""
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def cmd_serve(args) -> int:
 
 
 def bench(args, target, settings, names: list[str], texts: list[str], sizes: list[int]) -> dict:
-    """`bench --engine vllm` (`cli` checks the flags and loads the target): our engine against vLLM on the
+    """`bench --engine vllm` (`cli_bench` checks the flags and loads the target): our engine against vLLM on the
     same prompts, each drafting a chain of k tokens; with --repeats, every method in vLLM alone across
     --batch-sizes and --temperatures (`fasteagle.bench.batches`). The result document."""
     import datetime

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import fasteagle.target
-from fasteagle import bench, cli, files
+from fasteagle import bench, cli, cli_bench, files
 from tests.test_bad_inputs import READ_ONLY, assert_one_line_error, bad_dir, run_main, tiny_dir  # noqa: F401
 from tests.test_bench import interrupt_on_call
 
@@ -147,7 +147,7 @@ def test_result_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(files, "os", SimpleNamespace(**{**vars(os), "replace": crash}))
     doc = json.loads(COMPARED.read_text())
-    for write in (lambda: cli._report(dict(doc), str(out), charts=True), lambda: bench.redraw(out),
+    for write in (lambda: cli_bench._report(dict(doc), str(out), charts=True), lambda: bench.redraw(out),
                   lambda: bench.charts(doc, tmp_path / "r.html"), lambda: bench.update_docs([readme])):
         with pytest.raises(OSError, match="No space"):
             write()

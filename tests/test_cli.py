@@ -89,17 +89,17 @@ def test_train_flags_reach_the_config(monkeypatch, tmp_path):
 
 def test_bench_keeps_its_result_where_plotly_is_missing(monkeypatch, tmp_path, capsys):
     """A bare GPU machine measures without plotly: the charts are left for `--redraw`, nothing else."""
-    from fasteagle import bench, cli
+    from fasteagle import bench, cli_bench
 
     drawn = []
     monkeypatch.setattr(bench, "charts", lambda doc, path: drawn.append(path))
-    assert cli._charts_beside({}, tmp_path / "r.json") == ", .html charts" and drawn == [tmp_path / "r.html"]
+    assert cli_bench._charts_beside({}, tmp_path / "r.json") == ", .html charts" and drawn == [tmp_path / "r.html"]
 
     def no_plotly(doc, path):
         raise ModuleNotFoundError("No module named 'plotly'", name="plotly")
 
     monkeypatch.setattr(bench, "charts", no_plotly)
-    assert cli._charts_beside({}, tmp_path / "r.json") == ""
+    assert cli_bench._charts_beside({}, tmp_path / "r.json") == ""
     err = capsys.readouterr().err
     assert f"plotly is not installed): `python -m fasteagle bench --redraw {tmp_path / 'r.json'}`" in err
 
@@ -124,7 +124,7 @@ def test_generate_drafts_the_devices_tree_and_bench_the_papers(tiny, tmp_path, m
     from types import SimpleNamespace
 
     import fasteagle.target
-    from fasteagle import cli
+    from fasteagle import cli, cli_bench
     from fasteagle.drafter import CascadedDrafter, DrafterConfig
     from fasteagle.errors import FastEagleError
     from fasteagle.methods import CPU_BUDGETS, PAPER_BUDGET
@@ -141,7 +141,7 @@ def test_generate_drafts_the_devices_tree_and_bench_the_papers(tiny, tmp_path, m
         raise FastEagleError("stop here")
 
     monkeypatch.setattr(fasteagle.target, "load_target", lambda *a, **k: tiny)
-    monkeypatch.setattr(cli, "make_drafter", stop)
+    monkeypatch.setattr(cli_bench, "make_drafter", stop)
     prompts = "assets/prompts/sharegpt_holdout.jsonl"
     assert main(["bench", "--prompts", prompts, "--limit", "1", "--methods", "vanilla,fasteagle"]) == 2
     assert main(["bench", "--prompts", prompts, "--limit", "1", "--methods", "fasteagle", "--tree-budget", "12"]) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fasteagle import bench, cli
+from fasteagle import bench, cli, cli_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -78,7 +78,7 @@ def test_result_tables_are_drawn_from_result_files_that_store_their_command(page
 
 
 def test_update_docs_draws_the_readme_and_results_by_default():
-    assert cli.DOCS == ("README.md", "docs/results.md")
+    assert cli_bench.DOCS == ("README.md", "docs/results.md")
     assert cli.build_parser().parse_args(["bench", "--update-docs"]).update_docs == "README.md,docs/results.md"
 
 

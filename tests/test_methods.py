@@ -51,7 +51,7 @@ def test_a_method_names_the_folder_it_loads():
 
 
 def test_cli_flags_are_the_settings(tiny, tmp_path, monkeypatch):
-    from fasteagle import cli
+    from fasteagle import cli, cli_bench
 
     args = cli.build_parser().parse_args(["generate", "--prompt", "hi", "--method", "fasteagle", "--step-mode",
                                           "dynamic", "--host-tree", "--tree-k", "4,2", "--no-full-vocab"])
@@ -69,7 +69,7 @@ def test_cli_flags_are_the_settings(tiny, tmp_path, monkeypatch):
             raise FastEagleError("stop here")
 
     monkeypatch.setattr(fasteagle.target, "load_target", lambda *a, **k: tiny)
-    monkeypatch.setattr(cli, "make_drafter", stop)
+    monkeypatch.setattr(cli_bench, "make_drafter", stop)
     prompts = "assets/prompts/sharegpt_holdout.jsonl"
     assert cli.main(["bench", "--prompts", prompts, "--limit", "1", "--methods", "fasteagle-eager"]) == 2
     assert seen == ["vanilla", "fasteagle-eager"]  # an old name still runs, under its own name

@@ -29,7 +29,8 @@ LAYERS = [
      "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.bench.batches", "fasteagle.bench.rerun",
      "fasteagle.bench.vllm_costs", "fasteagle.bench.distill", "fasteagle.cli_args"},
     {"fasteagle.train.compare"},
-    {"fasteagle.cli", "fasteagle.cli_vllm", "fasteagle.__main__", "fasteagle.train.recipe", "fasteagle.train.steps"},
+    {"fasteagle.cli", "fasteagle.cli_bench", "fasteagle.cli_vllm", "fasteagle.__main__", "fasteagle.train.recipe",
+     "fasteagle.train.steps"},
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
     {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine"},
     {"fasteagle.app.text", "fasteagle.app.examples"},
