@@ -32,7 +32,7 @@ from fasteagle.app.engine import EQUAL_INFO, EQUAL_LABEL, MAX_NEW_TOKENS, Engine
 from fasteagle.app.examples import EXAMPLES, ExampleCache, default_max_new  # noqa: E402
 from fasteagle.app.handlers import Handlers  # noqa: E402
 from fasteagle.app.screen import UI  # noqa: E402
-from fasteagle.app.text import BATCH_NOTE, EXPLAINER, SHORT_EXPLAINER, batch_chart  # noqa: E402
+from fasteagle.app.text import BATCH_NOTE, EXPLAINER, SHORT_EXPLAINER, TREE_SHAPE_LABELS, batch_chart  # noqa: E402
 from fasteagle.app.turns import Turns  # noqa: E402
 from fasteagle.env import env  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
@@ -61,7 +61,9 @@ CSS = """
 .fe-race { font-variant-numeric: tabular-nums; }
 .fe-race-row { display:flex; align-items:center; gap:8px; margin:3px 0; }
 .fe-race-name { width:150px; flex:none; text-align:right; font-size:90%; }
-.fe-race-bar { height:14px; border-radius:3px; flex:none; max-width:calc(100% - 220px); }
+.fe-race-bar { height:14px; border-radius:3px; flex:none; }
+@media (max-width:640px) { .fe-race { --fe-race-gutter:130px; } .fe-race-name { width:70px; }
+  #header { flex-wrap:wrap; } #header > * { flex:1 1 100% !important; } }
 .fe-race-note { font-size:85%; opacity:.8; margin-top:4px; }
 #spec-reply .fe-tok { cursor:pointer; }
 #spec-reply .fe-tok.fe-sel { outline:2px solid #1f4e9c; outline-offset:1px; }
@@ -70,7 +72,7 @@ CSS = """
 .fe-play-note { opacity:.75; font-size:90%; }
 .fe-play-bar select { padding:2px 6px; width:auto; min-width:11em; border:1px solid #b9c6d8; border-radius:6px; }
 .fe-play-panes { display:grid; grid-template-columns:1fr 1fr; gap:10px; }
-.fe-play-side { border:1px solid #dde3ea; border-radius:6px; padding:6px 8px; min-width:0; }
+.fe-play-side { border:1px solid #dde3ea; border-radius:6px; padding:6px 8px; min-width:0; overflow-wrap:anywhere; }
 .fe-play-head { font-size:90%; margin-bottom:4px; font-variant-numeric:tabular-nums; }
 .fe-play-text { white-space:pre-wrap; line-height:1.6; font-size:0.92em; max-height:12em; overflow-y:auto; }
 .fe-play-empty { opacity:.7; font-size:90%; }
@@ -129,7 +131,7 @@ def layout(engine: Engine) -> UI:
     when FastEagle has no drafter, the settings beside the replies and the tree, the run's charts, the
     comparison of all methods, the trace file buttons and the explainer."""
     target = engine.target
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True, elem_id="header"):
         gr.Markdown("# FastEagle: speculative decoding, step by step\n"
                     f"Target **{target.name}** · " + device_text(target))
         present = gr.Checkbox(False, label="Presentation mode", elem_id="present", scale=0, min_width=200,
@@ -207,8 +209,7 @@ def _settings(engine: Engine) -> dict[str, Any]:
                            label="Node budget", elem_id="budget",
                            info="tree nodes the drafter verifies per step, root included "
                                 "(lookup's branches come on top)")
-        tree_shape = gr.Radio([("side branches continue", "product"),
-                               ("paper's backbone (side leaves)", "backbone")], value=DEFAULT_TREE_SHAPE,
+        tree_shape = gr.Radio([(label, key) for key, label in TREE_SHAPE_LABELS.items()], value=DEFAULT_TREE_SHAPE,
                               label="Tree shape (FastEagle)", elem_id="tree-shape",
                               info="both keep the most probable nodes; the paper's lets nothing grow "
                                    "below a runner-up")
@@ -288,22 +289,22 @@ def connect(ui: UI, handlers: Handlers) -> None:
 def _connect_steps(ui: UI, handlers: Handlers) -> None:
     """The replay slider, its buttons and timer, a click on a reply token, and what follows the run
     on screen (the race strip, the playback)."""
+    # browsing: no queue, no spinner; a step typed past the run's ends reaches the handlers as typed
+    # (no preprocess) and they take the nearest end, where Gradio's slider answers a bare "Error"
+    quiet = dict(queue=False, show_progress="hidden", preprocess=False)
     ui.step_slider.change(handlers.on_step, [ui.step_slider, ui.run_state, ui.present_state],
-                          [ui.tree_plot, ui.step_info], api_name="replay_step", queue=False, show_progress="hidden")
+                          [ui.tree_plot, ui.step_info], api_name="replay_step", **quiet)
     ui.step_slider.change(None, ui.step_slider, None, js=MARK_STEP_JS, api_name=False, queue=False)
-    ui.prev_btn.click(handlers.on_prev, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_prev",
-                      queue=False, show_progress="hidden")
-    ui.next_btn.click(handlers.on_next, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_next",
-                      queue=False, show_progress="hidden")
-    quiet = dict(api_name=False, queue=False, show_progress="hidden")  # browsing: no API, no queue, no spinner
-    ui.spec_reply.token(handlers.on_token, [ui.step_slider, ui.run_state], ui.step_slider, **quiet)
-    ui.run_state.change(handlers.on_race, ui.run_state, ui.race, **quiet)
-    ui.run_state.change(handlers.on_playback, ui.run_state, ui.playback, **quiet)
+    ui.prev_btn.click(handlers.on_prev, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_prev", **quiet)
+    ui.next_btn.click(handlers.on_next, [ui.step_slider, ui.run_state], ui.step_slider, api_name="step_next", **quiet)
+    ui.spec_reply.token(handlers.on_token, [ui.step_slider, ui.run_state], ui.step_slider, api_name=False, **quiet)
+    ui.run_state.change(handlers.on_race, ui.run_state, ui.race, api_name=False, **quiet)
+    ui.run_state.change(handlers.on_playback, ui.run_state, ui.playback, api_name=False, **quiet)
     playing = gr.State(False)
     ui.play_btn.click(handlers.on_play, [playing, ui.step_slider, ui.run_state],
-                      [playing, ui.play_timer, ui.play_btn, ui.step_slider], **quiet)
+                      [playing, ui.play_timer, ui.play_btn, ui.step_slider], api_name=False, **quiet)
     ui.play_timer.tick(handlers.on_tick, [ui.step_slider, ui.run_state],
-                       [ui.step_slider, playing, ui.play_timer, ui.play_btn], **quiet)
+                       [ui.step_slider, playing, ui.play_timer, ui.play_btn], api_name=False, **quiet)
 
 
 def _connect_settings(ui: UI, handlers: Handlers) -> None:

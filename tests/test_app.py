@@ -200,6 +200,10 @@ def test_previous_and_next_step_buttons(tiny_app):
         assert client.predict(len(last) - 1, api_name="/step_next") == len(last) - 1
         _, info = client.predict(client.predict(1, api_name="/step_next"), api_name="/replay_step")
         assert "Step 2 of" in info
+        # a step typed past the run's ends: its nearest end, never Gradio's bare "Error"
+        assert client.predict(999, api_name="/step_prev") == len(last) - 1
+        assert f"Step {len(last) - 1} of" in client.predict(999, api_name="/replay_step")[1]
+        assert "Step 0 of" in client.predict(-4, api_name="/replay_step")[1]
 
 
 def test_play_steps_through_the_run_and_stops_at_its_end():

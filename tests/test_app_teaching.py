@@ -35,6 +35,7 @@ def test_all_methods_on_one_prompt(tiny, drafters, warnings, monkeypatch):
         rows = _table(table)
         assert list(rows) == ["vanilla", "FastEagle", "EAGLE-3", "FastEagle + lookup", "lookup"]
         assert "5 decodes" in status and "greedy" in status and "node budget 6" in status
+        assert "tree shape: side branches continue" in status  # the shape as the settings name it
         lines = {t["name"]: t for t in plot_data(plot)}
         assert list(lines) == list(rows)[1:]  # vanilla accepts no drafts: no line
         for name, (forwards, tau, tps, speed, same) in rows.items():
@@ -77,6 +78,13 @@ def test_the_playback_follows_the_run_on_screen(tiny_app):
     assert html.unescape("".join(texts)) == reply_text(res["spec_reply"]) + reply_text(res["van_reply"])
     for odd in (None, {"sides": {"speculative": {"traces": 5}}}):
         assert "fe-play-empty" in h.on_playback(odd)
+
+
+def test_the_page_names_every_tree_shape():
+    from fasteagle.app.text import TREE_SHAPE_LABELS
+    from fasteagle.tree import TREE_SHAPES
+
+    assert set(TREE_SHAPE_LABELS) == set(TREE_SHAPES)
 
 
 def test_a_click_on_a_reply_token_shows_its_step():

@@ -215,7 +215,7 @@ def test_the_race_strip_counts_target_forwards_both_ways():
     assert "τ 2.00" in text and "wall-clock speed-up 4.00×" in text  # 50 vs 12.5 tokens/s
     assert "steady number" in text and "this machine" in text
     assert "FastEagle &lt;x&gt;" in out and 'data-forwards="2"' in out
-    assert "width:50.0%" in out and "width:100.0%" in out
+    assert "* 0.500)" in out and "* 1.000)" in out  # each bar's share of the longest
     alone = re.sub(r"<[^>]+>", "", viz.race_html(spec, None, 0.1))
     assert "2 target forwards for 5 tokens" in alone and "no vanilla" in alone
 
@@ -250,6 +250,16 @@ def test_playback_shows_each_token_when_its_step_ended():
     assert "".join(x for *_, x in van) == "".join(s["text"] for s in sides["vanilla"]["spans"])
     assert 'data-total="70"' in html and "FastEagle" in html and "fe-play-replay" in html
     assert html.count('<div class="fe-play-side"') == 2 and 'data-end="60"' in html and 'data-end="70"' in html
+
+
+def test_playback_heads_say_what_the_stats_line_says():
+    """Each pane's head gives its side's tokens as generated (the stop token, which shows no span,
+    included) and its decode's own time, the numbers of the stats line and the summary above it."""
+    sides = _sides()
+    sides["speculative"]["spans"] = sides["speculative"]["spans"][:-1]  # as a stop token: no span
+    sides["speculative"]["summary"] = {"wall_s": 0.08}  # the whole decode, past its last step
+    spec, van = viz.playback_html(sides).split('<div class="fe-play-side"')[1:]
+    assert "5 tokens in 0.08 s" in spec and "5 tokens in 0.07 s" in van  # vanilla: its last step's time
 
 
 def test_playback_without_measured_times_uses_the_step_timings():
@@ -328,6 +338,9 @@ def test_per_depth_acceptance_of_several_methods():
         rows = trace.depth_acceptance(traces)
         assert list(t.x) == [r["depth"] for r in rows] and list(t.y) == [r["rate"] for r in rows]
     assert fig.data[0].line.color != fig.data[1].line.color
+    # a line that coincides with a later one shows around it: wider, its own marker
+    assert fig.data[0].line.width > fig.data[1].line.width and fig.data[0].marker.size > fig.data[1].marker.size
+    assert fig.data[0].marker.symbol != fig.data[1].marker.symbol
 
 
 def test_speedup_by_batch_size_is_one_line_per_drafting_method():

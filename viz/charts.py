@@ -16,6 +16,7 @@ _MARGIN = {"l": 50, "r": 20, "t": 50, "b": 50}
 TIME_COLORS = {"prefill": "#9467bd", "draft": "#ff7f0e", "verify": "#1f77b4", "other": "#c7c7c7"}
 METHOD_COLORS = ["#2e9d49", "#1f77b4", "#ff7f0e", "#9467bd", "#d62728", "#8c564b"]  # one line per method
 METHOD_DASHES = ["solid", "dash", "dot", "dashdot"]
+METHOD_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "star"]
 
 Traces = Sequence[Mapping]
 
@@ -75,14 +76,18 @@ def time_split_chart(summaries: Mapping[str, Mapping]) -> go.Figure:
 
 def depth_acceptance_lines(runs: Mapping[str, Traces]) -> go.Figure:
     """Per-depth acceptance of several decodes of one prompt, a line per method ({name: traces}):
-    `fasteagle.trace.depth_acceptance` of each, depths no step reached left out."""
+    `fasteagle.trace.depth_acceptance` of each, depths no step reached left out. Methods often
+    accept alike, so each line is drawn thinner than the one before it, with its own dash and marker:
+    a line that another covers exactly still shows around it."""
     fig = go.Figure()
     for k, (name, traces) in enumerate(runs.items()):
         rows = [r for r in depth_acceptance(traces) if r["rate"] is not None]
+        under = len(runs) - 1 - k  # lines drawn over this one
         fig.add_trace(go.Scatter(
             x=[r["depth"] for r in rows], y=[r["rate"] for r in rows], mode="lines+markers", name=name,
-            line={"color": METHOD_COLORS[k % len(METHOD_COLORS)], "width": 2,
-                  "dash": METHOD_DASHES[k % len(METHOD_DASHES)]},  # lines that coincide stay apart
+            line={"color": METHOD_COLORS[k % len(METHOD_COLORS)], "width": 2 + 2 * under,
+                  "dash": METHOD_DASHES[k % len(METHOD_DASHES)]},
+            marker={"symbol": METHOD_SYMBOLS[k % len(METHOD_SYMBOLS)], "size": 7 + 3 * under},
             customdata=[[r["accepted"], r["reached"]] for r in rows],
             hovertemplate=f"{name}, depth %{{x}}: accepted in %{{customdata[0]}} of %{{customdata[1]}} steps"
                           "<extra></extra>"))

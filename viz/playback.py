@@ -30,6 +30,14 @@ def step_times(traces: Sequence[Mapping], elapsed: Sequence[float] | None) -> li
     return out
 
 
+def decode_seconds(side: Mapping) -> float | None:
+    """One reply's decode time as the page's stats and summary table give it: the side's recorded
+    summary, else its last measured `elapsed`; None when neither is there."""
+    if (side.get("summary") or {}).get("wall_s") is not None:
+        return float(side["summary"]["wall_s"])
+    return float(side["elapsed"][-1]) if side.get("elapsed") else None
+
+
 def reveal_schedule(side: Mapping) -> list[tuple[float, Span]]:
     """(seconds, span) for each token span of one side's reply: the moment the step that emitted it
     ended, so a step's tokens appear together."""
@@ -47,10 +55,13 @@ def _pane(name: str, side: Mapping) -> tuple[str, int]:
     toks = "".join(f'<span class="fe-ptok" data-t="{round(1000 * t)}" data-n="{len(s.token_ids) or 1}" '
                    f'data-depth="{s.depth}" style="background:{depth_color(s.depth)};color:{text_color(s.depth)};'
                    f'border-radius:3px">{escape(s.text, quote=False)}</span>' for t, s in schedule)
-    n = sum(len(s.token_ids) or 1 for _, s in schedule)
+    traces = side["traces"]  # the head's numbers are the stats line's: the stop token and the whole decode count
+    n = int(traces[-1].get("generated", 0)) if traces else 0
+    seconds = decode_seconds(side)
+    final = f"{n} tokens in {end_ms / 1000 if seconds is None else seconds:.2f} s"  # what it says once played
     head = (f'<div class="fe-play-head"><b>{escape(name)}</b> · '
-            f'<span class="fe-play-stat">{n} tokens in {end_ms / 1000:.2f} s</span></div>')
-    return (f'<div class="fe-play-side" data-end="{end_ms}">{head}'
+            f'<span class="fe-play-stat">{final}</span></div>')
+    return (f'<div class="fe-play-side" data-end="{end_ms}" data-final="{final}">{head}'
             f'<div class="fe-play-text">{toks}</div></div>'), end_ms
 
 
@@ -88,7 +99,7 @@ const play = () => {
   const total = Number(root.dataset.total);
   const sides = Array.from(root.querySelectorAll('.fe-play-side')).map((el) => ({
     toks: Array.from(el.querySelectorAll('.fe-ptok')), stat: el.querySelector('.fe-play-stat'),
-    end: Number(el.dataset.end)}));
+    end: Number(el.dataset.end), final: el.dataset.final}));
   let t0 = null;
   const frame = (now) => {
     if (t0 === null) t0 = now;
@@ -100,8 +111,7 @@ const play = () => {
         t.style.visibility = on ? '' : 'hidden';
         if (on) n += Number(t.dataset.n);
       }
-      s.stat.textContent = ms >= s.end ? `${n} tokens in ${(s.end / 1000).toFixed(2)} s ✔`
-                                       : `${n} tokens · ${(ms / 1000).toFixed(2)} s`;
+      s.stat.textContent = ms >= s.end ? `${s.final} ✔` : `${n} tokens · ${(ms / 1000).toFixed(2)} s`;
     }
     root.dataset.clock = String(Math.floor(ms));
     root.dataset.playing = ms < total ? 'true' : 'false';

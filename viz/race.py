@@ -23,9 +23,12 @@ def landing_step(traces: Sequence[Mapping]) -> int:
 
 
 def _bar(label: str, forwards: int, most: int, color: str) -> str:
-    pct = 100.0 * forwards / most if most else 0.0
+    """One row: the bar's length is its share of the longest, of the row less its label and count
+    (`--fe-race-gutter`, narrower on a phone), so the bars keep their ratio at any width."""
+    share = forwards / most if most else 0.0
     return (f'<div class="fe-race-row"><span class="fe-race-name">{escape(label)}</span>'
-            f'<span class="fe-race-bar" style="width:{pct:.1f}%;background:{color}"></span>'
+            f'<span class="fe-race-bar" style="width:calc((100% - var(--fe-race-gutter, 220px)) * {share:.3f});'
+            f'background:{color}"></span>'
             f'<span class="fe-race-n">{forwards}</span></div>')
 
 

@@ -166,15 +166,10 @@ class Screen:
         if not isinstance(run, dict) or not run.get("sides"):
             return ""
         spec, van = run["sides"]["speculative"], run["sides"].get("vanilla")
-        def wall(side):  # the run's own decode time, as its summary table shows it
-            if (side.get("summary") or {}).get("wall_s") is not None:
-                return float(side["summary"]["wall_s"])
-            return float(side["elapsed"][-1]) if side.get("elapsed") else None
-
         try:
             meta = run.get("meta") or {}
-            return viz.race_html(spec["traces"], van["traces"] if van else None, wall(spec),
-                                 wall(van) if van else None, meta.get("method", "speculative"),
+            return viz.race_html(spec["traces"], van["traces"] if van else None, viz.decode_seconds(spec),
+                                 viz.decode_seconds(van) if van else None, meta.get("method", "speculative"),
                                  None if van else modelled_vanilla(meta))
         except Exception:  # an odd replayed file: no strip rather than a broken page
             log.exception("drawing the race strip failed")

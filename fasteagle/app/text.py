@@ -40,6 +40,9 @@ speed-up here is smaller than on a GPU.
 """
 
 
+# the tree shapes as the page names them (the settings' choice, the comparison's line)
+TREE_SHAPE_LABELS = {"product": "side branches continue", "backbone": "paper's backbone (side leaves)"}
+
 # Below the explainer: speculative decoding inside a serving engine, the committed vLLM batch sweep.
 BATCH_RESULT = "bench/results/cpu-smollm2-135m-vllm-batches-2026-11-28.json"  # relative to the repository
 BATCH_NOTE = """
@@ -179,7 +182,7 @@ def compare_settings(req: Request, n: int) -> str:
     k = ",".join(map(str, req.tree_k)) or "each drafter's own"
     how = "greedy" if req.temperature <= 0 else f"sampling at temperature {req.temperature:g}, seed {req.seed}"
     return (f"{n} decodes of the prompt, {how}, at most {req.max_new_tokens} new tokens, node budget "
-            f"{req.tree_budget}, top-k {k}, tree shape {req.tree_shape}.")
+            f"{req.tree_budget}, top-k {k}, tree shape: {TREE_SHAPE_LABELS.get(req.tree_shape, req.tree_shape)}.")
 
 
 def compare_markdown(runs: dict[str, tuple[list[dict], float]], greedy: bool) -> str:
