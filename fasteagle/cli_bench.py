@@ -238,11 +238,29 @@ def _bench_budget_curve(args) -> int:
     return _report(doc, args.out)
 
 
+def _reference(args) -> dict | None:
+    """--reference: the result whose vanilla replies the comparison's are matched against, read and
+    checked before the model loads."""
+    from fasteagle import bench
+
+    if not args.reference:
+        return None
+    ref = bench.read_result(args.reference)
+    rows = ref.get("rows")
+    vanilla = rows.get("vanilla") if isinstance(rows, dict) else None
+    if not isinstance(vanilla, list) or not all(isinstance(r, dict) for r in vanilla) \
+            or not any("reply" in r for r in vanilla):
+        raise FastEagleError(f"--reference {args.reference} holds no vanilla replies to match (a method comparison "
+                             "made by this version records them)")
+    return ref
+
+
 def _bench_compare(args) -> int:
     from fasteagle import bench, files
     from fasteagle.verify import SamplingParams
 
     _bench_checks(args, charts=True)
+    ref = _reference(args)
     names, prompt_files, prompts = _bench_prompts(args)
     target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
     done = kept = 0  # prompts measured, and those of them whose result is on disk
@@ -265,7 +283,11 @@ def _bench_compare(args) -> int:
     except KeyboardInterrupt:
         _say_what_was_kept(args.out, kept, done, len(prompts))
         return 130
-    return _report(bench.result_document(target, rows, settings), args.out, charts=True)
+    doc = bench.result_document(target, rows, settings)
+    if ref is not None:
+        doc["reference"] = {"file": args.reference, "dtype": ref.get("settings", {}).get("dtype"),
+                            "replies": bench.reply_match(ref, doc)}
+    return _report(doc, args.out, charts=True)
 
 
 def _tune_trees(target, methods: dict, settings: dict, prompt_files: list[str], limit: int | None) -> None:
@@ -369,6 +391,9 @@ def add_parser(sub) -> None:
     b.add_argument("--redraw", default=None, metavar="FILES",
                    help="write the .md table (and a method comparison's .html charts) of these result JSON files "
                         "again, with this version's tables and charts; nothing is timed")
+    b.add_argument("--reference", default=None, metavar="RESULT",
+                   help="with a method comparison: how many replies of each method equal RESULT's vanilla replies "
+                        "to the same prompts (e.g. a bf16 run against an fp32 one)")
     b.add_argument("--drafters", default=None, metavar="LABEL=FOLDER,...",
                    help="more trained drafters to time side by side, each a method of its own label in --methods "
                         "(e.g. --drafters flat=runs/x/at-600 --methods vanilla,fasteagle,flat)")

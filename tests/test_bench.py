@@ -150,6 +150,34 @@ def test_lossless_check_counts_identical_outputs(doc):
         assert doc["methods"][name]["identical_to_vanilla"] == len(PROMPTS)
 
 
+def test_results_match_replies_against_another_result(doc, tmp_path, capsys):
+    """Each row keeps a digest of its reply, so a second run (bf16 against fp32, another machine) says
+    how many of its replies are the first run's vanilla ones, prompt by prompt, without storing them."""
+    import copy
+
+    from fasteagle.cli import main
+
+    assert all(len(r["reply"]) == 16 for rs in doc["rows"].values() for r in rs)
+    for name in ("hf-generate", "lookup"):  # greedy and lossless: vanilla's replies, digest for digest
+        assert [r["reply"] for r in doc["rows"][name]] == [r["reply"] for r in doc["rows"]["vanilla"]]
+    assert bench.reply_digest([1, 2, 3]) != bench.reply_digest([1, 2, 4])
+    other = copy.deepcopy(doc)
+    other["rows"]["lookup"][0]["reply"] = bench.reply_digest([9])
+    del other["rows"]["hf-generate"][1]["reply"]  # a row without one is not compared
+    match = bench.reply_match(doc, other)
+    assert match == {"vanilla": {"same": 2, "compared": 2}, "hf-generate": {"same": 1, "compared": 1},
+                     "lookup": {"same": 1, "compared": 2}}
+    table = bench.markdown_table(other | {"reference": {"file": "fp32.json", "dtype": "torch.float32",
+                                                        "replies": match}})
+    assert "Replies equal to vanilla's in `fp32.json` (torch.float32), prompt by prompt: vanilla 2/2, " \
+           "hf-generate 1/1, lookup 1/2." in table
+    # a reference without digests (an older result) is refused in one line, before any model loads
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"rows": {"vanilla": [{"id": "a", "n": 3}]}}))
+    assert main(["bench", "--prompts", "assets/prompts/sharegpt_holdout.jsonl", "--reference", str(old)]) == 2
+    assert "holds no vanilla replies to match" in capsys.readouterr().err
+
+
 def test_summary_detects_a_different_output():
     row = {"tokens": [1, 2, 3], "wall_s": 1.0, "forwards": 2, "draft_ms": 0.0, "verify_ms": 1.0,
            "accepted_lengths": [1, 2], "depth_reached": [1], "depth_accepted": [1], "peak_mb": None,

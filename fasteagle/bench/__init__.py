@@ -29,6 +29,8 @@ from fasteagle.bench.reports import (
     per_prompt,
     read_result,
     render_docs,
+    reply_digest,
+    reply_match,
     result_block,
     result_document,
     summarize,
@@ -50,6 +52,7 @@ __all__ = [
     "AUTO_BUDGETS", "GPU_AUTO_BUDGETS", "HF_METHODS", "SHAPES", "auto_tree",
     "budget_curve", "charts", "compare", "cpu_model", "device_name", "draft_step_cost", "drafter_summary",
     "load_prompts", "lookup_nodes", "markdown_table", "node_paths", "nondecreasing", "per_prompt", "read_result",
-    "redraw", "render_docs", "result_block", "result_document", "summarize", "time_one", "token_paths",
+    "redraw", "render_docs", "reply_digest", "reply_match", "result_block", "result_document", "summarize",
+    "time_one", "token_paths",
     "tuning_prompts", "update_docs", "verify_cost",
 ]

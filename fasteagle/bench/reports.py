@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import re
 import statistics
 from pathlib import Path
@@ -150,8 +151,28 @@ def result_document(target: Target, rows: dict, settings: dict) -> dict:
     return {"device": device_name(target.device), "target": target.name,
             "date": datetime.date.today().isoformat(), "torch": torch.__version__, "settings": settings,
             "methods": summarize(rows, sampling), "per_category": per_cat,
-            "rows": {m: [{k: v for k, v in r.items() if k != "tokens"} | {"n": len(r["tokens"])} for r in rs]
-                     for m, rs in rows.items()}}
+            "rows": {m: [{k: v for k, v in r.items() if k != "tokens"} | {"n": len(r["tokens"]),
+                                                                          "reply": reply_digest(r["tokens"])}
+                         for r in rs] for m, rs in rows.items()}}
+
+
+def reply_digest(tokens) -> str:
+    """A reply's token ids as a short digest: a result keeps one per prompt, so that two results (fp32
+    and bf16, two machines) can tell which replies are the same without storing them."""
+    return hashlib.sha1(",".join(map(str, tokens)).encode()).hexdigest()[:16]
+
+
+def reply_match(reference: dict, doc: dict) -> dict:
+    """Per method of `doc`: how many of its replies equal `reference`'s vanilla reply to the same prompt
+    ({"same": k, "compared": n}, over the prompts both results hold digests for)."""
+    ref = {(r.get("category"), r.get("id")): r["reply"] for r in reference.get("rows", {}).get("vanilla", [])
+           if "reply" in r}
+    out = {}
+    for m, rs in doc["rows"].items():
+        both = [r for r in rs if (r.get("category"), r.get("id")) in ref and "reply" in r]
+        out[m] = {"same": sum(r["reply"] == ref[(r.get("category"), r.get("id"))] for r in both),
+                  "compared": len(both)}
+    return out
 
 
 def markdown_table(doc: dict) -> str:
@@ -238,6 +259,10 @@ def _compare_table(doc: dict) -> str:
                      + ", ".join(f"{n} {v:.0%}" for n, v in spreads.items()) + ".")
     if float(s.get("temperature") or 0) > 0:
         lines.append("\nSampling: each method draws its own sample, so outputs are not compared with vanilla's.")
+    if doc.get("reference"):
+        ref = doc["reference"]
+        lines.append(f"\nReplies equal to vanilla's in `{ref['file']}` ({ref.get('dtype', '')}), prompt by prompt: "
+                     + ", ".join(f"{m} {r['same']}/{r['compared']}" for m, r in ref["replies"].items()) + ".")
     cats = doc.get("per_category") or {}
     if len(cats) > 1:  # speedup and tau per prompt category
         names = list(doc["methods"])
