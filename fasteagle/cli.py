@@ -69,49 +69,6 @@ def cmd_train(args) -> int:
     return 0
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand each for generate, train and bench."""
     parser = Parser(prog="python -m fasteagle", description=__doc__)
@@ -121,8 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bench.add_parser(sub)
     cli_vllm.add_parsers(sub)
     return parser
-
-
 
 
 def _generate_parser(sub) -> None:
@@ -209,8 +164,6 @@ def _train_parser(sub) -> None:
     t.add_argument("--skip", type=int, default=None,
                    help="pass over the first this many conversations (an earlier --limit run used them)")
     t.set_defaults(func=cmd_train)
-
-
 
 
 def _check_args(args) -> None:

@@ -26,8 +26,6 @@ from fasteagle.methods import ALIASES, METHODS, PAPER_BUDGET
 STARTED = time.monotonic()  # a result's wall_s counts from here: loads included, as a rerun pays them
 
 
-
-
 def _report(doc: dict, out: str | None, charts: bool = False) -> int:
     """Print a measurement as a table and keep it as JSON, with the .md table (and, for a method
     comparison, the .html charts) beside it; every file is replaced whole or not at all."""
@@ -355,8 +353,6 @@ def _drafter_summaries(methods: dict) -> dict:
             seen.add(d.path)
             out[m] = bench.drafter_summary(d)
     return out
-
-
 
 
 def add_parser(sub) -> None:
