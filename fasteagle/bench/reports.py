@@ -165,13 +165,14 @@ def reply_digest(tokens) -> str:
 def reply_match(reference: dict, doc: dict) -> dict:
     """Per method of `doc`: how many of its replies equal `reference`'s vanilla reply to the same prompt
     ({"same": k, "compared": n}, over the prompts both results hold digests for)."""
-    ref = {(r.get("category"), r.get("id")): r["reply"] for r in reference.get("rows", {}).get("vanilla", [])
-           if "reply" in r}
+    def prompt(r: dict) -> tuple:
+        return r.get("category"), r.get("id")
+
+    ref = {prompt(r): r["reply"] for r in reference.get("rows", {}).get("vanilla", []) if "reply" in r}
     out = {}
     for m, rs in doc["rows"].items():
-        both = [r for r in rs if (r.get("category"), r.get("id")) in ref and "reply" in r]
-        out[m] = {"same": sum(r["reply"] == ref[(r.get("category"), r.get("id"))] for r in both),
-                  "compared": len(both)}
+        pairs = [(r["reply"], ref[prompt(r)]) for r in rs if "reply" in r and prompt(r) in ref]
+        out[m] = {"same": sum(a == b for a, b in pairs), "compared": len(pairs)}
     return out
 
 
