@@ -190,7 +190,7 @@ def _settings(engine: Engine) -> dict[str, Any]:
     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)", render=False,
                             elem_id="temperature")
     gr.Examples(examples=[[e.prompt, e.temperature] for e in EXAMPLES], inputs=[prompt, temperature],
-                example_labels=[e.label for e in EXAMPLES], label="Examples", examples_per_page=8, elem_id="examples")
+                example_labels=[e.label for e in EXAMPLES], label="Examples", examples_per_page=10, elem_id="examples")
     method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method",
                       info=EQUAL_INFO if EQUAL_LABEL in methods else None)
     tree_size = gr.Radio([("fast tree (this device's default)", "fast"),

@@ -236,6 +236,34 @@ def _bench_budget_curve(args) -> int:
     return _report(doc, args.out)
 
 
+def _bench_diagnose(args) -> int:
+    from fasteagle import bench
+    from fasteagle.bench import diagnose
+
+    windows = [None] + [w for w in int_list(args.diagnose, "--diagnose", 0) if w]
+    if args.out:
+        _check_out(args.out, False)
+    names, prompt_files, prompts = _bench_prompts(args)
+    drafted = [m for m in names if m != "vanilla"]
+    if len(drafted) != 1 or (ALIASES.get(drafted[0], (drafted[0],))[0] != "fasteagle"
+                             and drafted[0] not in dict(method_settings(args).named)):
+        raise FastEagleError("--diagnose replays one cascade: give --methods fasteagle (or fasteagle-equal, or a "
+                             "--drafters label)")
+    target, methods, settings = _bench_setup(args, ["vanilla", drafted[0]], prompts, prompt_files)
+    doc = diagnose.diagnose(target, methods[drafted[0]], prompts, args.max_new_tokens, windows) | {
+        "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
+        "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "windows": [w for w in windows if w],
+        "threads": _threads(), "prompts_desc": settings["prompts_desc"], "prompts": prompt_files,
+        "max_new_tokens": args.max_new_tokens}
+    return _report(doc, args.out)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _reference(args) -> dict | None:
     """--reference: the result whose vanilla replies the comparison's are matched against, read and
     checked before the model loads."""
@@ -324,6 +352,7 @@ BENCH_MODES = {
     "verify_cost": _bench_verify_cost,
     "profile_step": _bench_profile,
     "budget_curve": _bench_budget_curve,
+    "diagnose": _bench_diagnose,
     "engine": lambda args: _bench_engines(args) if args.engine == "vllm" else _bench_compare(args),
     "compare": _bench_compare,
 }
@@ -381,6 +410,10 @@ def add_parser(sub) -> None:
     b.add_argument("--budget-curve", dest="budget_curve", default=None, metavar="BUDGETS",
                    help="with --prompts and one trained drafter: tau (greedy) against these tree budgets, e.g. "
                         "6,24,60,128,192, per prompt category, replayed from one decode at the largest; no timing")
+    b.add_argument("--diagnose", default=None, metavar="WINDOWS",
+                   help="with --prompts and one cascade: where its acceptance goes by kind (reply position, context "
+                        "length, copyable tokens), replayed on vanilla's replies, also with the drafter's attention "
+                        "cut to each of these windows (e.g. 64,256; 0: none); no timing")
     b.add_argument("--update-docs", dest="update_docs", nargs="?", const=",".join(DOCS), default=None,
                    metavar="DOCS", help="draw every result table of these documents (comma list; default "
                    f"{','.join(DOCS)}) again from the result file each block names; nothing is timed")

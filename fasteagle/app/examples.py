@@ -37,9 +37,10 @@ class Example:
     temperature: float = 0.0
 
 
-# Prompts on which the default target (SmolLM2-135M-Instruct) answers sensibly and the drafters
-# accept long runs (greedy τ about 2 to 2.4 with FastEagle on CPU): lists, code, rewrites; the last
-# one samples, where acceptance follows the exact accept/reject rule.
+# Prompts on which the default target (SmolLM2-135M-Instruct) answers sensibly: lists, code and rewrites,
+# where the drafters accept long runs, and a short summary and a translation, requests as visitors type
+# them, where they accept less (docs/results.md, "Beyond chat"); the last one samples, where acceptance
+# follows the exact accept/reject rule.
 EXAMPLES = [
     Example("Months, one per line", "List the months of the year, one per line."),
     Example("Python: reverse a string", "Write a Python function that reverses a string."),
@@ -48,6 +49,16 @@ EXAMPLES = [
     Example("Rewrite formally", "Rewrite this sentence more formally: hey, can u send me the report asap?"),
     Example("Rewrite in plain English",
             "Rewrite in plain English: The meeting has been postponed owing to unforeseen circumstances."),
+    Example("Summarize a paragraph",
+            "Summarize in two sentences: The town library opened a repair cafe last spring. Once a month, "
+            "volunteers with tools and patience sit at long tables and fix what neighbours bring in: lamps, "
+            "toasters, torn jackets, wobbly chairs and bicycles with flat tyres. Nothing is sold and no one is "
+            "paid. Visitors watch and learn how their things work, and most leave with the item mended. In "
+            "its first year the cafe kept more than eight hundred objects out of the rubbish, and the library "
+            "now lends out a tool kit as it lends books."),
+    Example("Translate into French",
+            "Translate into French: The train to the coast leaves at nine o'clock. Please buy your tickets "
+            "at the station and keep them until the end of the journey."),
     Example("Sampling (T 0.7): reverse a string", "Write a Python function that reverses a string.", 0.7),
 ]
 

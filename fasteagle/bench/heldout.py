@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
 
 from fasteagle.bench.heldout_text import MATH, QA, WRITING
 

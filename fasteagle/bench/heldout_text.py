@@ -58,26 +58,37 @@ QA = [
 MATH = [
     "A recipe for 4 people needs 300 grams of rice. How many grams of rice are needed for 10 people?",
     "Lena is 3 times as old as her son. In 12 years she will be twice as old as him. How old is her son now?",
-    "A jacket costs $80. It is on sale for 25% off, and then a 10% tax is added to the sale price. What is the final price?",
-    "Two cyclists start 90 kilometers apart and ride toward each other at 12 and 18 kilometers per hour. After how many hours do they meet?",
-    "A tank holds 500 liters. It is filled at 20 liters per minute while it leaks 5 liters per minute. How long does it take to fill the empty tank?",
+    "A jacket costs $80. It is on sale for 25% off, and then a 10% tax is added to the sale price. What "
+    "is the final price?",
+    "Two cyclists start 90 kilometers apart and ride toward each other at 12 and 18 kilometers per hour. "
+    "After how many hours do they meet?",
+    "A tank holds 500 liters. It is filled at 20 liters per minute while it leaks 5 liters per minute. "
+    "How long does it take to fill the empty tank?",
     "Three friends split a restaurant bill of $127.50 equally and each adds a $4 tip. How much does each friend pay?",
-    "A rectangular room is 6 meters by 4.5 meters. Carpet costs $22 per square meter. How much does it cost to carpet the room?",
+    "A rectangular room is 6 meters by 4.5 meters. Carpet is priced at $22 per square meter. What will "
+    "carpeting the room come to?",
     "If 5 workers can paint a house in 12 days, how many days would 8 workers take at the same rate?",
     "Priya scored 78, 85, 92 and 88 on four tests. What score does she need on the fifth test to average 87?",
-    "A phone plan charges $15 per month plus $0.10 per text message. In March the bill was $27.40. How many texts were sent?",
+    "A phone plan charges $15 per month plus $0.10 per text message. In March the bill was $27.40. How "
+    "many texts were sent?",
     "A car uses 6.5 liters of fuel per 100 kilometers. How much fuel does it need for a 340 kilometer trip?",
-    "A school orders 14 boxes of markers with 24 markers in each box. The markers are shared equally among 12 classrooms. How many markers does each classroom get?",
+    "A school orders 14 boxes of markers with 24 markers in each box. The markers are shared equally "
+    "among 12 classrooms. How many markers does each classroom get?",
     "A farmer has chickens and cows. There are 30 heads and 84 legs in total. How many cows are there?",
     "You invest $2,000 at 5% interest compounded yearly. How much money do you have after 3 years?",
     "A movie starts at 7:45 pm and lasts 2 hours and 38 minutes. At what time does it end?",
-    "A map uses a scale of 1 centimeter to 25 kilometers. Two towns are 7.2 centimeters apart on the map. How far apart are they really?",
-    "Omar buys 3 notebooks at $2.75 each and 2 pens at $1.40 each. He pays with a $20 bill. How much change does he get?",
+    "A map uses a scale of 1 centimeter to 25 kilometers. Two towns are 7.2 centimeters apart on the "
+    "map. How far apart are they really?",
+    "Omar buys 3 notebooks at $2.75 each and 2 pens at $1.40 each. He pays with a $20 bill. How much "
+    "change does he get?",
     "A swimming pool is 25 meters long. Kai swims 36 lengths. How many kilometers does he swim?",
-    "The price of a stock rose by 20% on Monday and fell by 20% on Tuesday. It started at $50. What is its price after Tuesday?",
-    "A bus leaves every 18 minutes and a tram every 24 minutes. Both leave the station at 8:00 am. When do they next leave together?",
+    "The price of a stock rose by 20% on Monday and fell by 20% on Tuesday. It started at $50. What is "
+    "its price after Tuesday?",
+    "A bus leaves every 18 minutes and a tram every 24 minutes. Both leave the station at 8:00 am. When "
+    "do they next leave together?",
     "A bag has 5 red, 7 blue and 8 green marbles. What is the probability of picking a blue marble at random?",
     "A cyclist rides 15 kilometers in 40 minutes. What is her average speed in kilometers per hour?",
-    "A book club has 48 members. Three eighths of them prefer mysteries and one third of the rest prefer poetry. How many prefer poetry?",
+    "A book club has 48 members. Three eighths of them prefer mysteries and one third of the rest prefer "
+    "poetry. How many prefer poetry?",
     "A square garden has a perimeter of 36 meters. What is its area?",
 ]

@@ -195,6 +195,10 @@ def markdown_table(doc: dict) -> str:
         from fasteagle.bench.batches import markdown
 
         return markdown(doc)
+    if "renumbered_max_gap" in doc:
+        from fasteagle.bench.diagnose import markdown
+
+        return markdown(doc)
     if "relative" in doc:
         return _verify_cost_table(doc)
     if "budget_curve" in doc:
