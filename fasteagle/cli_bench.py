@@ -136,8 +136,14 @@ def _bench_draft_step(args) -> int:
     from fasteagle import bench
 
     _, depths, _ = _bench_checks(args)
-    return _report(bench.draft_step_cost(args.draft_step, depths, device=args.device, dtype=args.dtype,
-                                         pack=args.pack, int8=args.draft_int8), args.out)
+    prefixes = int_list(args.prefixes, "--prefixes") if args.prefixes else [128]
+    runs = {p: bench.draft_step_cost(args.draft_step, depths, prefix=p, device=args.device, dtype=args.dtype,
+                                     pack=args.pack, int8=args.draft_int8) for p in prefixes}
+    doc = runs[prefixes[0]]
+    if args.prefixes:  # one table over the context lengths
+        doc = {k: v for k, v in doc.items() if k not in ("ms", "prefix")} | {
+            "by_prefix": {str(p): r["ms"] for p, r in runs.items()}}
+    return _report(doc, args.out)
 
 
 def _bench_verify_cost(args) -> int:
@@ -404,6 +410,9 @@ def add_parser(sub) -> None:
                    help="only time one draft step of FastEagle vs EAGLE-3-style at a model shape, random weights "
                         "(llama3-8b or smollm2-135m)")
     b.add_argument("--depths", default="4,6,8", help="draft depths for --draft-step")
+    b.add_argument("--prefixes", default=None, metavar="TOKENS",
+                   help="with --draft-step: time the step, and the drafter's own prefill, after each of these "
+                        "context lengths, e.g. 256,1024,2048 (default: one, 128)")
     b.add_argument("--profile-step", dest="profile_step", action="store_true",
                    help="with --prompts/--methods: where each decode step's time goes (ms and dispatched ops for "
                         "the target forward, tree building, drafter extend and the rest)")

@@ -38,6 +38,7 @@ class DrafterConfig:
     token_source: str = "draft"  # what token_conditioned layers read in training: "draft", depth i's own top-1;
     # "true", the sequence's own token there (what the deeper targets are conditioned on, and on the target's
     # greedy replies what depth i must draft for depth i+1 to count); drafting always reads its own top-1
+    attention_window: int = 0  # cascade only: each layer attends over its last this many positions (0: all)
     depth: int = 7  # EAGLE-3 style only: unrolled training steps and draft tree depth
     draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)

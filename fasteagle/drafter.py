@@ -28,7 +28,7 @@ from torch import nn
 from fasteagle.draftbase import DrafterBase, reuse_cache
 from fasteagle.draftconfig import DrafterConfig
 from fasteagle.draftgraph import DraftStep, device_tree_wanted, graphs_wanted
-from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors
+from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors, limit_to_window
 from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree, per_depth_k, product_fits
 
 __all__ = ["CascadeState", "CascadedDrafter", "DrafterConfig"]
@@ -53,6 +53,9 @@ class CascadedDrafter(DrafterBase):
         # accepts more than EAGLE's 10 at 60 nodes (docs/design.md), and small trees never reach k.
         self.tree_k = 32
         self.tree_shape = DEFAULT_TREE_SHAPE  # or "backbone": the paper's constrained tree (side branches are leaves)
+        # each layer attends over only its last this many positions (0: all); trained with it, or set to
+        # draft so with a drafter that trained on shorter contexts than it drafts over (`bench --diagnose`)
+        self.attention_window = cfg.attention_window
         self.state = CascadeState(self)
 
     @property
@@ -83,8 +86,12 @@ class CascadedDrafter(DrafterBase):
                mask: torch.Tensor | None = None, cache: KVCache | None = None,
                layers: int | None = None, depth_tokens: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Outputs of the first `layers` layers (all by default), (B, L, width) each. mask=None means
-        plain causal attention. A token-conditioned layer i+1 reads `depth_tokens[i]` (B, L) where given,
-        else depth i's own top-1."""
+        plain causal attention, within the drafter's `attention_window` where it has one. A token-conditioned
+        layer i+1 reads `depth_tokens[i]` (B, L) where given, else depth i's own top-1."""
+        if mask is None and cache is None and self.attention_window:
+            n = next_ids.shape[1]
+            mask = attention_mask(causal_ancestors(n, next_ids.device), 0, feats.dtype)
+            limit_to_window(mask, position_ids[0], self.attention_window)
         embed = self.embed(next_ids).to(feats.dtype)
         x = self.fc(torch.cat([feats, embed], -1))
         pe = self.rotary(x, position_ids)
@@ -241,7 +248,8 @@ class CascadeState:
         past = self.cache.length
         self.cache.reserve(n)
         pos = torch.arange(past, past + n, device=tokens.device)[None]
-        mask = attention_mask(causal_ancestors(n, tokens.device), past, d.dtype)
+        mask = limit_to_window(attention_mask(causal_ancestors(n, tokens.device), past, d.dtype), pos[0],
+                               d.attention_window)
         outs = d.hidden(features[None].to(d.dtype), nxt[None], pos, mask, self.cache, self.active_layers)
         self.last = torch.stack([o[0, -1] for o in outs])  # (active layers, width)
 

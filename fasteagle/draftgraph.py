@@ -118,6 +118,8 @@ class DraftStep:
         # additive, made once for all layers: row i sees every position up to its own
         mask = torch.zeros(1, 1, pos.shape[0], self.kv.capacity, dtype=self.in_feats.dtype, device=pos.device)
         mask.masked_fill_(self.cols[None] > pos[:, None], torch.finfo(mask.dtype).min)
+        if d.attention_window:
+            mask.masked_fill_(self.cols[None] <= pos[:, None] - d.attention_window, torch.finfo(mask.dtype).min)
         outs = d.hidden(feats, ids, pos[None], mask, self.kv, self.layers)
         rows = torch.cat([o[0].index_select(0, last) for o in outs])  # (layers, W)
         top_p, top_i = d.depth_probs(rows).topk(self.k, -1)

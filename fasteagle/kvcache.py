@@ -175,6 +175,15 @@ def attention_mask(ancestors: torch.Tensor, past: int, dtype: torch.dtype) -> to
 MASK_ALIGN = 8  # elements: the row stride CUDA's memory-efficient attention takes a mask with, uncopied
 
 
+def limit_to_window(mask: torch.Tensor, rows: torch.Tensor, window: int) -> torch.Tensor:
+    """Hide from each row of an additive mask (..., R, C) the columns `window` or more positions before
+    its own position `rows` (R,): a sliding window over absolute positions (0: leave it whole). In place."""
+    if window:
+        cols = torch.arange(mask.shape[-1], device=mask.device)
+        mask.masked_fill_(cols[None] <= rows[:, None] - window, torch.finfo(mask.dtype).min)
+    return mask
+
+
 def aligned(n: int) -> int:
     """n rounded up to a multiple of MASK_ALIGN."""
     return -(-n // MASK_ALIGN) * MASK_ALIGN

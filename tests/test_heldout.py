@@ -55,9 +55,12 @@ def test_prose_keeps_text_and_drops_code_tables_and_badges():
         "A second paragraph explains how the tool reads its configuration file every time."]
 
 
-def test_window_mask_is_causal_and_keeps_the_last_w():
-    assert diagnose.window_mask(4, None, torch.float32) is None
-    m = diagnose.window_mask(4, 2, torch.float32)[0, 0] == 0
+def test_a_window_mask_is_causal_and_keeps_the_last_w():
+    from fasteagle.kvcache import attention_mask, causal_ancestors, limit_to_window
+
+    whole = attention_mask(causal_ancestors(4), 0, torch.float32)
+    assert torch.equal(limit_to_window(whole.clone(), torch.arange(4), 0), whole)
+    m = limit_to_window(whole, torch.arange(4), 2)[0, 0] == 0
     assert m.tolist() == [[True, False, False, False], [True, True, False, False],
                           [False, True, True, False], [False, False, True, True]]
 
@@ -72,8 +75,9 @@ def test_lookup_replay_marks_copyable_slots():
 
 
 def test_replay_equals_a_real_decode(smollm):
-    """The replayed greedy decode takes exactly the steps the real one does, with the shipped drafter;
-    a window run alone with positions renumbered gives the windowed pass's drafts."""
+    """The replayed greedy decode takes exactly the steps the real one does, with the shipped drafter, its
+    attention whole or cut to a window (the decode's cache masks what the replay's one pass does); a window
+    run alone with positions renumbered gives the windowed pass's drafts."""
     from fasteagle.methods import Settings, build
 
     d = build("fasteagle", smollm, Settings(tree_budget=6, draft_int8=False))
@@ -81,7 +85,8 @@ def test_replay_equals_a_real_decode(smollm):
                {"id": "b", "category": "translation", "text": "Translate into Spanish: The cat sleeps on the warm "
                                                               "stones near the river every afternoon."}]
     got = diagnose.diagnose(smollm, d, prompts, 24, [None, 8], check=2)
-    assert [c["identical"] for c in got["check"]] == [True, True]
+    assert [(c["id"], c["window"], c["identical"]) for c in got["check"]] == [
+        ("a", None, True), ("a", 8, True), ("b", None, True), ("b", 8, True)]
     assert all(c["decoded_steps"] == c["replayed_steps"] for c in got["check"]), got["check"]
     assert got["renumbered_max_gap"] < 1e-4
     assert got["tau"]["writing"]["fasteagle6"]["full"] > 1.2  # the drafter accepts here: the steps test means something

@@ -14,15 +14,16 @@ confirms (`check`). Prompt lookup (`fasteagle.lookup`) is replayed on the same r
 Measured per reply slot t (the root x[t+1] in the reply; depth i drafts x[t+1+i]):
 - hit at depth 1, and the chain's conditional acceptance at depths 2 and 3;
 - copyable: prompt lookup, drafting from the same context, proposes x[t+2] at depth 1.
-With windows, every drafter layer attends over only the last W positions (a sliding window, the
-positions kept). Under rotary embeddings attention depends only on relative distance, so the same window
-with positions renumbered from 0 gives the same drafts: the result file records the largest difference
-measured between the two on sampled slots.
+With windows, every drafter layer attends over only the last W positions (its `attention_window`, a
+sliding window, the positions kept). Under rotary embeddings attention depends only on relative distance,
+so the same window with positions renumbered from 0 gives the same drafts: the result file records the
+largest difference measured between the two on sampled slots.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 from tqdm.auto import tqdm
@@ -35,34 +36,35 @@ CONTEXT_BUCKETS = (0, 128, 512, 1024, 4096)
 BUDGETS = (6, 60)
 
 
-def window_mask(n: int, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Additive (1, 1, n, n) mask: causal, and each row sees only its last `window` positions (itself
-    included); None for plain causal attention."""
-    if window is None:
-        return None
-    i = torch.arange(n)
-    ok = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
-    return torch.zeros(n, n, dtype=dtype).masked_fill_(~ok, torch.finfo(dtype).min)[None, None]
+@contextmanager
+def window(drafter, w: int | None):
+    """The drafter's layers attend over only their last `w` positions inside the block (None: all)."""
+    before = drafter.attention_window
+    drafter.attention_window = w or 0
+    try:
+        yield drafter
+    finally:
+        drafter.attention_window = before
 
 
 @torch.no_grad()
-def drafts(drafter, feats: torch.Tensor, seq: torch.Tensor, window: int | None, k: int):
+def drafts(drafter, feats: torch.Tensor, seq: torch.Tensor, w: int | None, k: int):
     """Top-k draft ids and probabilities (L-1, N, k) at every slot t (feature t, token t+1 -> depths)."""
     n = seq.numel() - 1
-    pos = torch.arange(n)[None]
-    outs = drafter.hidden(feats[:, :-1].to(drafter.dtype), seq[None, 1:], pos, window_mask(n, window, drafter.dtype))
+    with window(drafter, w):
+        outs = drafter.hidden(feats[:, :-1].to(drafter.dtype), seq[None, 1:], torch.arange(n)[None])
     tops = [drafter.head(o[0], d + 1).float().softmax(-1).topk(k, -1) for d, o in enumerate(outs)]
     return drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)], torch.stack([t.values for t in tops], 1)
 
 
 @torch.no_grad()
-def renumbered_gap(drafter, feats: torch.Tensor, seq: torch.Tensor, window: int, slots: list[int],
+def renumbered_gap(drafter, feats: torch.Tensor, seq: torch.Tensor, w: int, slots: list[int],
                    windowed: torch.Tensor) -> float:
     """Largest |difference| in depth-1 probabilities between the windowed pass (`windowed`, a row per slot)
     and the same window run alone with positions renumbered from 0, at `slots`."""
     gap = 0.0
     for row, t in enumerate(slots):
-        lo = max(0, t - window + 1)
+        lo = max(0, t - w + 1)
         f, ids = feats[:, lo:t + 1], seq[None, lo + 1:t + 2]
         out = drafter.hidden(f.to(drafter.dtype), ids, torch.arange(ids.shape[1])[None])[0]
         p = drafter.head(out[0, -1], 1).float().softmax(-1)
@@ -167,10 +169,10 @@ def analyse(drafter, seq: list[int], prompt_len: int, kind: str, windows: list, 
 
 
 @torch.no_grad()
-def _depth1_probs(drafter, feats, ids, window, slots):
+def _depth1_probs(drafter, feats, ids, w, slots):
     n = ids.numel() - 1
-    outs = drafter.hidden(feats[:, :-1].to(drafter.dtype), ids[None, 1:], torch.arange(n)[None],
-                          window_mask(n, window, drafter.dtype), layers=1)
+    with window(drafter, w):
+        outs = drafter.hidden(feats[:, :-1].to(drafter.dtype), ids[None, 1:], torch.arange(n)[None], layers=1)
     return drafter.head(outs[0][0, slots], 1).float().softmax(-1)
 
 
@@ -192,13 +194,14 @@ def diagnose(target, drafter, prompts: list[dict], max_new: int, windows: list, 
             feats, _, _ = teach(target.model, torch.tensor(seq)[None], list(drafter.feature_layers), 1)
         before = {k: list(v) for k, v in walks.items()}
         analyse(drafter, seq, ids.numel(), p["category"], windows, tally, walks, feats, gaps)
-        if i < check:
+        for w in windows if i < check else ():  # decoded for real, with each window
             drafter.tree_budget = BUDGETS[0]
-            out, traces = run(target, ids, drafter=drafter, max_new_tokens=max_new)
-            key = (p["category"], f"fasteagle{BUDGETS[0]}", "full")
-            replayed = [walks[key][j] - before.get(key, [0, 0])[j] for j in (0, 1)]
-            checks.append({"id": p["id"], "identical": out == reply, "decoded_steps": len(traces) - 1,
-                           "replayed_steps": replayed[1]})
+            with window(drafter, w):
+                out, traces = run(target, ids, drafter=drafter, max_new_tokens=max_new)
+            key = (p["category"], f"fasteagle{BUDGETS[0]}", "full" if w is None else f"window{w}")
+            replayed = walks[key][1] - before.get(key, [0, 0])[1]
+            checks.append({"id": p["id"], "window": w, "identical": out == reply, "decoded_steps": len(traces) - 1,
+                           "replayed_steps": replayed})
     taus: dict = {}
     for (kind, method, wname), (tok, steps) in sorted(walks.items()):
         taus.setdefault(kind, {}).setdefault(method, {})[wname] = round(trace.tau(tok, steps), 3)

@@ -211,6 +211,14 @@ def markdown_table(doc: dict) -> str:
         from fasteagle.profile import markdown
 
         return markdown(doc)
+    if "by_prefix" in doc:
+        rows = "".join(f"| {p} | {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['fasteagle_prefill']:.1f} | "
+                       f"{r['eagle3_prefill']:.1f} |\n" for p, by in doc["by_prefix"].items() for d, r in by.items())
+        return (f"**{doc['device']}**, {doc['dtype']}{_linears(doc)}: one draft step ({doc['accepted']} accepted "
+                f"tokens fed, then the ~60-node tree) and the drafter's own prefill over the context, against "
+                f"the context length, at the `{doc['shape']}` shape, random weights\n\n"
+                "| context tokens | depth | FastEagle step ms | EAGLE-3-style step ms | FastEagle prefill ms | "
+                "EAGLE-3-style prefill ms |\n|---|---|---|---|---|---|\n" + rows)
     if "shape" in doc:
         graph = any("fasteagle_graph" in r for r in doc["ms"].values())
         rows = "".join(f"| {d} | {r['fasteagle']:.1f} | {r['eagle3']:.1f} | {r['eagle3_over_fasteagle']:.2f}x |"
