@@ -246,7 +246,9 @@ def _bench_diagnose(args) -> int:
     from fasteagle import bench
     from fasteagle.bench import diagnose
 
-    windows = [None] + [w for w in int_list(args.diagnose, "--diagnose", 0) if w]
+    variants = ["full"] + [v for v in _names(args.diagnose) if v != "full"]
+    for v in variants:
+        diagnose.parse_variant(v)
     if args.out:
         _check_out(args.out, False)
     names, prompt_files, prompts = _bench_prompts(args)
@@ -256,9 +258,9 @@ def _bench_diagnose(args) -> int:
         raise FastEagleError("--diagnose replays one cascade: give --methods fasteagle (or fasteagle-equal, or a "
                              "--drafters label)")
     target, methods, settings = _bench_setup(args, ["vanilla", drafted[0]], prompts, prompt_files)
-    doc = diagnose.diagnose(target, methods[drafted[0]], prompts, args.max_new_tokens, windows) | {
+    doc = diagnose.diagnose(target, methods[drafted[0]], prompts, args.max_new_tokens, variants) | {
         "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
-        "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "windows": [w for w in windows if w],
+        "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "variants": variants,
         "threads": _threads(), "prompts_desc": settings["prompts_desc"], "prompts": prompt_files,
         "max_new_tokens": args.max_new_tokens}
     return _report(doc, args.out)
@@ -419,10 +421,11 @@ def add_parser(sub) -> None:
     b.add_argument("--budget-curve", dest="budget_curve", default=None, metavar="BUDGETS",
                    help="with --prompts and one trained drafter: tau (greedy) against these tree budgets, e.g. "
                         "6,24,60,128,192, per prompt category, replayed from one decode at the largest; no timing")
-    b.add_argument("--diagnose", default=None, metavar="WINDOWS",
+    b.add_argument("--diagnose", default=None, metavar="VARIANTS",
                    help="with --prompts and one cascade: where its acceptance goes by kind (reply position, context "
-                        "length, copyable tokens), replayed on vanilla's replies, also with the drafter's attention "
-                        "cut to each of these windows (e.g. 64,256; 0: none); no timing")
+                        "length, copyable tokens), replayed on vanilla's replies, beside these variants: windowW "
+                        "(attend over the last W positions), tailT (read only the prompt's last T tokens), e.g. "
+                        "window256,tail256 (full: none); no timing")
     b.add_argument("--update-docs", dest="update_docs", nargs="?", const=",".join(DOCS), default=None,
                    metavar="DOCS", help="draw every result table of these documents (comma list; default "
                    f"{','.join(DOCS)}) again from the result file each block names; nothing is timed")

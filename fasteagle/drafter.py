@@ -56,6 +56,9 @@ class CascadedDrafter(DrafterBase):
         # each layer attends over only its last this many positions (0: all); trained with it, or set to
         # draft so with a drafter that trained on shorter contexts than it drafts over (`bench --diagnose`)
         self.attention_window = cfg.attention_window
+        # read only a prompt's last this many tokens (0: all): the drafter's own prefill costs at most that many
+        # positions however long the prompt (`bench --draft-step --prefixes`, `bench --diagnose tailT`)
+        self.prefill_tail = 0
         self.state = CascadeState(self)
 
     @property
@@ -191,6 +194,7 @@ class CascadeState:
         self.last: torch.Tensor | None = None
         self.active_layers = drafter.cfg.num_layers
         self.capacity = 0
+        self.skipped = 0  # prompt positions the drafter never read (`prefill_tail`); the dynamic cache starts after
 
     def mode(self) -> str:
         """The decode step's kind this sequence (see `step_mode`)."""
@@ -220,6 +224,7 @@ class CascadeState:
         skipping them (caches included) makes small trees' drafts cheaper at no loss."""
         d = self.drafter
         self.last = None
+        self.skipped = 0
         self.active_layers = d.cfg.num_layers if self.all_layers else d.draft_depths
         self.capacity = capacity
         if self.step is not None:
@@ -232,24 +237,32 @@ class CascadeState:
         if step is not None:
             step.rewind(length)
         else:
-            self.cache.truncate(length)
+            self.cache.truncate(max(0, length - self.skipped))
 
     @torch.no_grad()
     def extend(self, tokens: torch.Tensor, features: torch.Tensor | None, next_token: int) -> None:
         """Feed newly accepted positions through the active layers (see `reset`); keep each one's last output."""
+        d = self.drafter
+        skip = tokens.numel() - d.prefill_tail if self.last is None and d.prefill_tail else 0
+        if skip > 0:  # the prompt: only its last `prefill_tail` tokens are read, at their true positions
+            tokens, features = tokens[skip:], features[skip:]
         if self.mode() != "dynamic":
             step = self._fitting_step()
+            if skip > 0:
+                step.skip(skip)
             step.extend(tokens, features, next_token)
             self.last = step.last
             return
-        d = self.drafter
+        self.skipped += max(skip, 0)
         n = tokens.numel()
         nxt = torch.cat([tokens[1:], tokens.new_tensor([next_token])])
         past = self.cache.length
         self.cache.reserve(n)
-        pos = torch.arange(past, past + n, device=tokens.device)[None]
-        mask = limit_to_window(attention_mask(causal_ancestors(n, tokens.device), past, d.dtype), pos[0],
-                               d.attention_window)
+        pos = torch.arange(self.skipped + past, self.skipped + past + n, device=tokens.device)[None]
+        mask = None  # a prefill of the whole context: causal attention, without an (n, n) mask to add
+        if past or d.attention_window:  # cache rows are positions less the `skipped` ones
+            mask = limit_to_window(attention_mask(causal_ancestors(n, tokens.device), past, d.dtype),
+                                   pos[0] - self.skipped, d.attention_window)
         outs = d.hidden(features[None].to(d.dtype), nxt[None], pos, mask, self.cache, self.active_layers)
         self.last = torch.stack([o[0, -1] for o in outs])  # (active layers, width)
 

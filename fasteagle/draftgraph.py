@@ -80,6 +80,7 @@ class DraftStep:
         self.capacity = capacity  # what the buffers hold
         self.limit = capacity  # what this sequence may use (`reset` lowers it)
         self.cols = torch.arange(self.kv.capacity, device=dev)
+        self.first = torch.zeros((), dtype=torch.long, device=dev)  # the first position held (`skip`)
         self.length = 0
         self.last: torch.Tensor | None = None
         self.topk: torch.Tensor | None = None
@@ -102,8 +103,15 @@ class DraftStep:
 
     def reset(self, limit: int | None = None) -> None:
         self.length = 0
+        self.first.zero_()
         self.limit = self.capacity if limit is None else min(limit, self.capacity)
         self.last = self.topk = self.tree = None
+
+    def skip(self, n: int) -> None:
+        """Start the sequence `n` positions in: they are never written and never attended to (a drafter that
+        reads only a prompt's tail, `prefill_tail`)."""
+        self.length += n
+        self.first.fill_(self.length)
 
     def rewind(self, length: int) -> None:
         """Forget every position from `length` on."""
@@ -117,7 +125,8 @@ class DraftStep:
         self.kv.pos = pos
         # additive, made once for all layers: row i sees every position up to its own
         mask = torch.zeros(1, 1, pos.shape[0], self.kv.capacity, dtype=self.in_feats.dtype, device=pos.device)
-        mask.masked_fill_(self.cols[None] > pos[:, None], torch.finfo(mask.dtype).min)
+        hidden = (self.cols[None] > pos[:, None]) | (self.cols[None] < self.first)
+        mask.masked_fill_(hidden, torch.finfo(mask.dtype).min)
         if d.attention_window:
             mask.masked_fill_(self.cols[None] <= pos[:, None] - d.attention_window, torch.finfo(mask.dtype).min)
         outs = d.hidden(feats, ids, pos[None], mask, self.kv, self.layers)

@@ -203,7 +203,8 @@ class AutoregressiveDrafter(DrafterBase):
         self.cache.reserve(n)
         pos = torch.arange(past, past + n, device=tokens.device)[None]
         dtype = self.fc.weight.dtype
-        mask = attention_mask(causal_ancestors(n, tokens.device), past, dtype)
+        # a prefill of the whole context attends causally, without an (n, n) mask to add
+        mask = attention_mask(causal_ancestors(n, tokens.device), past, dtype) if past else None
         g = self.combine(features[None].to(dtype))
         self.last = self.step(g, nxt[None], pos, mask, self.cache)[0, -1]  # (W,)
 

@@ -253,6 +253,9 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     from fasteagle.vllm_plugin import ARCHITECTURE
 
     cfg = drafter.cfg
+    if drafter.attention_window:
+        raise FastEagleError(f"this cascade attends within a window of {drafter.attention_window} positions, which the "
+                             "vLLM plugin's layers cannot: they attend over the whole context")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     feats = len(cfg.feature_layers) * cfg.target_hidden

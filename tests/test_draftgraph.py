@@ -25,18 +25,20 @@ def pair(tiny, budget: int = 16):
     return out
 
 
-@pytest.mark.parametrize("window", [0, 9])
-def test_static_steps_equal_dynamic_steps(tiny, window):
+@pytest.mark.parametrize("window,tail", [(0, 0), (9, 0), (0, 5)])
+def test_static_steps_equal_dynamic_steps(tiny, window, tail):
     """A prefill, then accepted paths of every length up to the padded row count (the root plus one
-    node per depth): the same layer outputs, distributions and trees; with an attention window too, where
-    both equal the teacher-forced pass over the whole sequence (what training and `bench --diagnose` run)."""
+    node per depth): the same layer outputs, distributions and trees; with an attention window, or the
+    prompt read from its last `tail` tokens only, too, where both equal the teacher-forced pass over the
+    sequence from there (what training and `bench --diagnose` run)."""
     ids = torch.randint(4, TINY_VOCAB, (40,))
     f = features(tiny, ids[None], make(tiny).cfg.feature_layers)[0]
     dyn, sta = pair(tiny)
     for d in (dyn, sta):
-        d.attention_window = window
-    with torch.no_grad():
-        whole = dyn.hidden(f[None, :39], ids[None, 1:], torch.arange(39)[None])  # slot t: token t+1 comes next
+        d.attention_window, d.prefill_tail = window, tail
+    start = 12 - tail if tail else 0  # the prefill is the first 12 tokens
+    with torch.no_grad():  # slot t: token t+1 comes next
+        whole = dyn.hidden(f[None, start:39], ids[None, start + 1:], torch.arange(start, 39)[None])
     cuts = [0, 12, 13, 15, 18, 22, 27, 32, 40]  # chunks of 12 (prefill), then 1..5 rows, then 5, 8
     for d in (dyn, sta):
         d.reset(64)
@@ -48,7 +50,7 @@ def test_static_steps_equal_dynamic_steps(tiny, window):
             trees.append(d.draft(nxt))
         torch.testing.assert_close(sta.last, dyn.last, atol=1e-5, rtol=1e-4)
         if b < 40:
-            torch.testing.assert_close(dyn.last, torch.stack([h[0, b - 1] for h in whole])[:len(dyn.last)],
+            torch.testing.assert_close(dyn.last, torch.stack([h[0, b - 1 - start] for h in whole])[:len(dyn.last)],
                                        atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(sta.depth_probs(), dyn.depth_probs(), atol=1e-6, rtol=1e-4)
         for name in ("tokens", "parents", "depths", "sources"):

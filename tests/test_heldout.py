@@ -76,7 +76,8 @@ def test_lookup_replay_marks_copyable_slots():
 
 def test_replay_equals_a_real_decode(smollm):
     """The replayed greedy decode takes exactly the steps the real one does, with the shipped drafter, its
-    attention whole or cut to a window (the decode's cache masks what the replay's one pass does); a window
+    attention whole, cut to a window, or reading the prompt's last tokens only (the decode's cache does what
+    the replay's one pass does); a window
     run alone with positions renumbered gives the windowed pass's drafts."""
     from fasteagle.methods import Settings, build
 
@@ -84,9 +85,9 @@ def test_replay_equals_a_real_decode(smollm):
     prompts = [{"id": "a", "category": "writing", "text": "List the days of the week, one per line."},
                {"id": "b", "category": "translation", "text": "Translate into Spanish: The cat sleeps on the warm "
                                                               "stones near the river every afternoon."}]
-    got = diagnose.diagnose(smollm, d, prompts, 24, [None, 8], check=2)
-    assert [(c["id"], c["window"], c["identical"]) for c in got["check"]] == [
-        ("a", None, True), ("a", 8, True), ("b", None, True), ("b", 8, True)]
+    got = diagnose.diagnose(smollm, d, prompts, 24, ["full", "window8", "tail8"], check=2)
+    assert [(c["id"], c["variant"], c["identical"]) for c in got["check"]] == [
+        (p, v, True) for p in "ab" for v in ("full", "window8", "tail8")]
     assert all(c["decoded_steps"] == c["replayed_steps"] for c in got["check"]), got["check"]
     assert got["renumbered_max_gap"] < 1e-4
     assert got["tau"]["writing"]["fasteagle6"]["full"] > 1.2  # the drafter accepts here: the steps test means something

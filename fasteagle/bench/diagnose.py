@@ -1,7 +1,7 @@
 """Where a drafter's acceptance goes, kind by kind: against the position in the reply, the context
 length, and whether the next token is copyable; and with its context cut at inference.
 
-    python -m fasteagle bench --diagnose 64,256 --prompts assets/prompts/mix_heldout.jsonl --limit 24 \
+    python -m fasteagle bench --diagnose window256,tail256 --prompts assets/prompts/mix_heldout.jsonl --limit 24 \
         --methods fasteagle --max-new-tokens 64 --tree-budget 6 --out bench/results/X.json
 
 The target writes each reply greedily (plain decoding, fp32). Greedy speculative decoding of that reply
@@ -14,21 +14,27 @@ confirms (`check`). Prompt lookup (`fasteagle.lookup`) is replayed on the same r
 Measured per reply slot t (the root x[t+1] in the reply; depth i drafts x[t+1+i]):
 - hit at depth 1, and the chain's conditional acceptance at depths 2 and 3;
 - copyable: prompt lookup, drafting from the same context, proposes x[t+2] at depth 1.
-With windows, every drafter layer attends over only the last W positions (its `attention_window`, a
-sliding window, the positions kept). Under rotary embeddings attention depends only on relative distance,
-so the same window with positions renumbered from 0 gives the same drafts: the result file records the
-largest difference measured between the two on sampled slots.
+Variants (`--diagnose`), each beside the whole context:
+- windowW: every drafter layer attends over only its last W positions (its `attention_window`, a sliding
+  window, the positions kept). Under rotary embeddings attention depends only on relative distance, so the
+  same window with positions renumbered from 0 gives the same drafts: the result file records the largest
+  difference measured between the two on sampled slots;
+- tailT: the drafter reads only the prompt's last T tokens (its `prefill_tail`: its prefill costs at most
+  T positions), and every token from there on, at their true positions; the target reads them all.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from fasteagle import trace
+from fasteagle.errors import FastEagleError
 from fasteagle.tree import TREE_BUILDERS
 
 REPLY_BUCKETS = (0, 8, 16, 32, 64)
@@ -37,24 +43,53 @@ BUDGETS = (6, 60)
 
 
 @contextmanager
-def window(drafter, w: int | None):
-    """The drafter's layers attend over only their last `w` positions inside the block (None: all)."""
+def window(drafter, w: int):
+    """The drafter's layers attend over only their last `w` positions inside the block (0: all)."""
     before = drafter.attention_window
-    drafter.attention_window = w or 0
+    drafter.attention_window = w
     try:
         yield drafter
     finally:
         drafter.attention_window = before
 
 
+@contextmanager
+def tail(drafter, t: int):
+    """The drafter reads only the prompt's last `t` tokens inside the block (0: all of it)."""
+    before = drafter.prefill_tail
+    drafter.prefill_tail = t
+    try:
+        yield drafter
+    finally:
+        drafter.prefill_tail = before
+
+
+def parse_variant(name: str) -> tuple[str, int]:
+    """"full", "windowW" or "tailT" -> (kind, size); anything else is an error that says what is meant."""
+    m = re.fullmatch(r"(window|tail)(\d+)", name)
+    if name == "full":
+        return "full", 0
+    if not m or int(m[2]) < 1:
+        raise FastEagleError(f"--diagnose: {name!r} is not windowW (attend over the last W positions) or tailT "
+                             "(the drafter reads only the prompt's last T tokens), e.g. window256,tail256")
+    return m[1], int(m[2])
+
+
 @torch.no_grad()
-def drafts(drafter, feats: torch.Tensor, seq: torch.Tensor, w: int | None, k: int):
-    """Top-k draft ids and probabilities (L-1, N, k) at every slot t (feature t, token t+1 -> depths)."""
-    n = seq.numel() - 1
-    with window(drafter, w):
-        outs = drafter.hidden(feats[:, :-1].to(drafter.dtype), seq[None, 1:], torch.arange(n)[None])
+def drafts(drafter, feats: torch.Tensor, seq: torch.Tensor, variant: str, prompt_len: int, k: int):
+    """Top-k draft ids and probabilities (L-1, N, k) at every slot t (feature t, token t+1 -> depths) of one
+    variant: the whole context, a window, or only the prompt's last T tokens read (rows before them unset)."""
+    kind, size = parse_variant(variant)
+    start = max(0, prompt_len - size) if kind == "tail" else 0
+    n = seq.numel() - 1 - start
+    with window(drafter, size if kind == "window" else 0):
+        outs = drafter.hidden(feats[:, start:-1].to(drafter.dtype), seq[None, start + 1:],
+                              torch.arange(start, start + n)[None])
     tops = [drafter.head(o[0], d + 1).float().softmax(-1).topk(k, -1) for d, o in enumerate(outs)]
-    return drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)], torch.stack([t.values for t in tops], 1)
+    top_i = drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)]
+    top_p = torch.stack([t.values for t in tops], 1)
+    pad = (0, 0, 0, 0, start, 0)  # slots before `start` are never drafted from
+    return F.pad(top_i, pad), F.pad(top_p, pad)
 
 
 @torch.no_grad()
@@ -127,19 +162,19 @@ class Tally:
         return out
 
 
-def analyse(drafter, seq: list[int], prompt_len: int, kind: str, windows: list, tally: Tally, walks: dict,
+def analyse(drafter, seq: list[int], prompt_len: int, kind: str, variants: list[str], tally: Tally, walks: dict,
             feats: torch.Tensor, gaps: list) -> None:
-    """Tally one reply's slots and replay its decode for every window and budget."""
+    """Tally one reply's slots and replay its decode for every variant and budget."""
     ids = torch.tensor(seq)
     reply = [i >= prompt_len for i in range(len(seq))]
     (ltok, lsteps), copyable = lookup_replay(seq, reply)
     walks[(kind, "lookup", "full")][0] += ltok
     walks[(kind, "lookup", "full")][1] += lsteps
     N = drafter.num_depths
-    for w in windows:
-        top_i, top_p = drafts(drafter, feats, ids, w, drafter.max_k)
-        wname = "full" if w is None else f"window{w}"
-        if w is not None and w < prompt_len:  # a few slots, each window also run alone, renumbered
+    for wname in variants:
+        top_i, top_p = drafts(drafter, feats, ids, wname, prompt_len, drafter.max_k)
+        kind_, w = parse_variant(wname)
+        if kind_ == "window" and w < prompt_len:  # a few slots, each window also run alone, renumbered
             slots = list(range(prompt_len - 1, len(seq) - 2, 16))[:3]
             gaps.append(renumbered_gap(drafter, feats, ids, w, slots, _depth1_probs(drafter, feats, ids, w, slots)))
         for t in range(prompt_len - 1, len(seq) - 2):  # root x[t+1] in the reply, x[t+2] exists
@@ -176,8 +211,8 @@ def _depth1_probs(drafter, feats, ids, w, slots):
     return drafter.head(outs[0][0, slots], 1).float().softmax(-1)
 
 
-def diagnose(target, drafter, prompts: list[dict], max_new: int, windows: list, check: int = 2) -> dict:
-    """Every measure above over `prompts`, as the result file's fields."""
+def diagnose(target, drafter, prompts: list[dict], max_new: int, variants: list[str], check: int = 2) -> dict:
+    """Every measure above over `prompts`, as the result file's fields, for the variants ("full" first)."""
     from fasteagle.generate import chat_prompt_ids, run
     from fasteagle.train.teacher import teach
 
@@ -193,14 +228,15 @@ def diagnose(target, drafter, prompts: list[dict], max_new: int, windows: list, 
         with torch.no_grad():
             feats, _, _ = teach(target.model, torch.tensor(seq)[None], list(drafter.feature_layers), 1)
         before = {k: list(v) for k, v in walks.items()}
-        analyse(drafter, seq, ids.numel(), p["category"], windows, tally, walks, feats, gaps)
-        for w in windows if i < check else ():  # decoded for real, with each window
+        analyse(drafter, seq, ids.numel(), p["category"], variants, tally, walks, feats, gaps)
+        for v in variants if i < check else ():  # decoded for real, in each variant
             drafter.tree_budget = BUDGETS[0]
-            with window(drafter, w):
+            kind, size = parse_variant(v)
+            with window(drafter, size if kind == "window" else 0), tail(drafter, size if kind == "tail" else 0):
                 out, traces = run(target, ids, drafter=drafter, max_new_tokens=max_new)
-            key = (p["category"], f"fasteagle{BUDGETS[0]}", "full" if w is None else f"window{w}")
+            key = (p["category"], f"fasteagle{BUDGETS[0]}", v)
             replayed = walks[key][1] - before.get(key, [0, 0])[1]
-            checks.append({"id": p["id"], "window": w, "identical": out == reply, "decoded_steps": len(traces) - 1,
+            checks.append({"id": p["id"], "variant": v, "identical": out == reply, "decoded_steps": len(traces) - 1,
                            "replayed_steps": replayed})
     taus: dict = {}
     for (kind, method, wname), (tok, steps) in sorted(walks.items()):
@@ -208,6 +244,11 @@ def diagnose(target, drafter, prompts: list[dict], max_new: int, windows: list, 
     return {"prompt_tokens": {k: {"median": sorted(v)[len(v) // 2], "min": min(v), "max": max(v), "n": len(v)}
                               for k, v in lengths.items()},
             "tau": taus, "rates": tally.table(), "renumbered_max_gap": max(gaps, default=None), "check": checks}
+
+
+def _label(variant: str) -> str:
+    kind, size = parse_variant(variant)
+    return {"full": "whole context", "window": f"window {size}", "tail": f"prompt's last {size}"}[kind]
 
 
 def _pooled(rates: dict, wname: str, measure: str) -> dict[str, tuple[float, int]]:
@@ -227,8 +268,8 @@ def _order(bucket: str) -> int:
 
 def markdown(doc: dict) -> str:
     """The result's tables: by kind, then depth-1 acceptance against context length and reply position."""
-    wnames = ["full"] + [f"window{w}" for w in doc["windows"]]
-    label = {"full": "full"} | {f"window{w}": f"last {w}" for w in doc["windows"]}
+    wnames = doc["variants"]
+    label = {v: _label(v) for v in wnames}
     kinds = list(doc["prompt_tokens"])
     rates, taus = doc["rates"], doc["tau"]
     checks = doc.get("check") or []
