@@ -50,6 +50,7 @@ class Settings:
     step_mode: str | None = None  # fasteagle's decode step, one of STEP_MODES (None: "graph" on a GPU, else "dynamic")
     tree_on_device: bool | None = None  # fasteagle's fixed step builds its own tree (None: in a CUDA graph)
     all_layers: bool = False  # fasteagle runs every cascade layer, even those the tree is too small to use
+    prefill_tail: int = 0  # fasteagle reads only a prompt's last this many tokens (0: all; `CascadedDrafter`)
     drafter: Path | None = None  # the FastEagle drafter folder (None: DEFAULT_DRAFTER)
     eagle3_drafter: Path | None = None  # the EAGLE-3-style drafter folder (None: DEFAULT_EAGLE3)
     named: tuple[tuple[str, Path], ...] = ()  # more methods, each a label for a drafter folder (`--drafters`)
@@ -153,6 +154,7 @@ def _fasteagle(target, s: Settings):
         d.tree_shape = s.tree_shape
     d.step_mode, d.tree_on_device = s.step_mode, s.tree_on_device
     d.state.all_layers = s.all_layers
+    d.prefill_tail = s.prefill_tail
     return d
 
 
@@ -197,6 +199,7 @@ ALIASES = {  # fasteagle with one setting changed, to time the two side by side 
     "fasteagle-eager": ("fasteagle", {"step_mode": "dynamic"}),  # op by op where fasteagle replays a CUDA graph
     "fasteagle-host-tree": ("fasteagle", {"tree_on_device": False}),  # the graph's tree built on the host
     "fasteagle-all-layers": ("fasteagle", {"all_layers": True}),  # no layer skipped at small trees
+    "fasteagle-tail": ("fasteagle", {"prefill_tail": 256}),  # its own prefill over a prompt's last 256 tokens only
 }
 PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3": "eagle3_drafter",
                 "eagle3+lookup": "eagle3_drafter"}  # the Settings field naming the folder a method loads
