@@ -144,6 +144,15 @@ def test_every_method_is_summarised(doc):
     assert set(doc["per_category"]) == {"chat", "code"}
 
 
+def test_each_request_is_split_into_prefill_and_decode(doc):
+    m = doc["methods"]
+    assert "prefill_s" not in m["hf-generate"]  # generate's prefill is not seen from outside
+    for name in ("vanilla", "lookup"):  # the decode alone runs faster than the whole request
+        assert m[name]["prefill_s"] > 0 and m[name]["decode_tokens_per_s"] > m[name]["tokens_per_s"]
+    assert m["vanilla"]["drafter_prefill_s"] < 0.01 and m["vanilla"]["decode_speedup_vs_vanilla"] == 1.0
+    assert "Each request split" in bench.markdown_table(doc)
+
+
 def test_lossless_check_counts_identical_outputs(doc):
     # our loop, HF generate and lookup all decode greedily: all must match vanilla
     for name in ("hf-generate", "lookup"):

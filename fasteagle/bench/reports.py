@@ -54,12 +54,26 @@ def summarize(rows: dict, sampling: SamplingParams) -> dict:
                 hits = _sum_ragged([r["below_accepted"] for r in rs])
                 s["acceptance_below_backbone"], s["acceptance_below_side"] = (
                     None if v is None else round(v, 3) for v in trace.depth_rates(judged, hits))
+        if rs and all(r.get("prefill_ms") is not None for r in rs):  # each request split: prefill, then decode
+            s["prefill_s"] = round(sum(r["prefill_ms"] for r in rs) / 1e3 / len(rs), 3)  # per prompt
+            s["drafter_prefill_s"] = round(sum(r["drafter_prefill_ms"] for r in rs) / 1e3 / len(rs), 3)
+            s["decode_tokens_per_s"] = round(_decode_rate(rs), 2)
         peaks = [r["peak_mb"] for r in rs if r["peak_mb"] is not None]
         s["peak_mb"] = max(peaks) if peaks else None
         if "vanilla" in rows and sampling.greedy:
             s["identical_to_vanilla"] = sum(a["tokens"] == b["tokens"] for a, b in zip(rs, rows["vanilla"]))
         out[name] = s
+    if "decode_tokens_per_s" in out.get("vanilla", {}):
+        for s in out.values():
+            if "decode_tokens_per_s" in s:
+                s["decode_speedup_vs_vanilla"] = round(
+                    s["decode_tokens_per_s"] / out["vanilla"]["decode_tokens_per_s"], 3)
     return out
+
+
+def _decode_rate(rows: list[dict]) -> float:
+    """Tokens after the prefill's over the time after it, pooled."""
+    return sum(len(r["tokens"]) - 1 for r in rows) / max(sum(r["wall_s"] - r["prefill_ms"] / 1e3 for r in rows), 1e-9)
 
 
 def _per_step(rows: list[dict], key: str) -> float:
@@ -270,6 +284,13 @@ def _compare_table(doc: dict) -> str:
                      "prompt); "
                      "spread of the pooled tokens/s over the runs (max - min over median): "
                      + ", ".join(f"{n} {v:.0%}" for n, v in spreads.items()) + ".")
+    split = {n: m for n, m in doc["methods"].items() if "prefill_s" in m}
+    if split:
+        lines.append("\nEach request split, per prompt: prefill s (the target's, plus the drafter's own), then the "
+                     "decode alone, tokens/s and speedup vs vanilla's decode: "
+                     + "; ".join(f"{n} {m['prefill_s']:.2f} s (drafter {m['drafter_prefill_s']:.2f}), "
+                                 f"{m['decode_tokens_per_s']:.1f} tok/s, {m.get('decode_speedup_vs_vanilla', 1):.2f}x"
+                                 for n, m in split.items()) + ".")
     if float(s.get("temperature") or 0) > 0:
         lines.append("\nSampling: each method draws its own sample, so outputs are not compared with vanilla's.")
     if doc.get("reference"):
@@ -282,6 +303,8 @@ def _compare_table(doc: dict) -> str:
         lines += ["", "| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
         for cat, ms in cats.items():
             cells = [f"{ms[n]['speedup_vs_vanilla']:.2f}x" + (f", tau {ms[n]['tau']:.2f}" if "tau" in ms[n] else "")
+                     + (f", decode {ms[n]['decode_speedup_vs_vanilla']:.2f}x" if "decode_speedup_vs_vanilla" in ms[n]
+                        and n != "vanilla" else "")
                      if ms.get(n, {}).get("speedup_vs_vanilla") is not None else "–" for n in names]
             lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"

@@ -38,7 +38,8 @@ def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: i
     reached, accepted = trace.depth_counts(steps)
     below_judged, below_accepted = trace.below_counts(steps)
     return {"tokens": [t for tr in traces for t in tr.tokens], "wall_s": wall, "forwards": traces[-1].forwards,
-            "steps": len(steps),
+            "steps": len(steps), "prefill_ms": traces[0].verify_ms + traces[0].draft_ms,  # target's + drafter's
+            "drafter_prefill_ms": traces[0].draft_ms,
             "draft_ms": statistics.fmean([s.draft_ms for s in steps]) if steps else 0.0,
             "verify_ms": statistics.fmean([s.verify_ms for s in steps]) if steps else 0.0,
             "accepted_lengths": trace.step_lengths(steps),  # the schema's name: tokens per step, bonus included
