@@ -20,8 +20,8 @@ from fasteagle.errors import FastEagleError
 from fasteagle.kvcache import ContextOverflowError, KVCache
 from fasteagle.target import Target
 from fasteagle.trace import NEVER_REACHED, StepTrace
-from fasteagle.tree import DraftTree, make_tree, path_tree, root_only, select
-from fasteagle.verify import SamplingParams, Verdict, tree_forward, verify
+from fasteagle.tree import DraftTree, make_tree, root_only, select
+from fasteagle.verify import SamplingParams, Verdict, prefill_forward, tree_forward, verify
 
 
 class Drafter(Protocol):
@@ -175,7 +175,7 @@ def generate(
 def _prefill(state: Decode, ids: torch.Tensor) -> StepTrace:
     """The prompt is a causal chain whose last logits give the first token (the next tree's root)."""
     t0 = time.perf_counter()
-    logits, feats = tree_forward(state.model, state.cache, path_tree(ids), state.feature_layers)
+    logits, feats = prefill_forward(state.model, state.cache, ids, state.feature_layers)
     state.cache.keep(torch.arange(ids.numel(), device=state.device))
     root = _sample(logits[-1:], state.sampling, state.generator)
     synchronize(state.device)

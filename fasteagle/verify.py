@@ -64,6 +64,20 @@ def tree_forward(model: torch.nn.Module, cache: KVCache, tree: DraftTree, featur
     return out.logits[0].float(), feats
 
 
+def prefill_forward(model: torch.nn.Module, cache: KVCache, ids: torch.Tensor, feature_layers: tuple[int, ...] = ()):
+    """The prompt `ids` (1-D) into an empty cache: the last position's logits (1, V) and every position's
+    features (L, F) or None. Plain causal attention with no added (L, L) mask, and the LM head over the
+    last position only: the head over every prompt token, which a tree forward computes, and the mask were
+    a third of a long prompt's prefill."""
+    if cache.length:
+        raise ValueError("prefill_forward fills an empty cache")
+    cache.reserve(ids.numel())
+    out = model(input_ids=ids[None], position_ids=torch.arange(ids.numel(), device=ids.device)[None],
+                past_key_values=cache, use_cache=True, output_hidden_states=bool(feature_layers), logits_to_keep=1)
+    feats = torch.cat([out.hidden_states[i][0] for i in feature_layers], -1) if feature_layers else None
+    return out.logits[0].float(), feats
+
+
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution the target samples from: temperature, then nucleus (top-p) filtering."""
     if params.greedy:
