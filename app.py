@@ -33,6 +33,7 @@ from fasteagle.app.examples import EXAMPLES, ExampleCache, default_max_new  # no
 from fasteagle.app.handlers import Handlers  # noqa: E402
 from fasteagle.app.screen import UI  # noqa: E402
 from fasteagle.app.text import BATCH_NOTE, EXPLAINER, SHORT_EXPLAINER, TREE_SHAPE_LABELS, batch_chart  # noqa: E402
+from fasteagle.app.tour import TOUR_CSS, tour_js  # noqa: E402
 from fasteagle.app.turns import Turns  # noqa: E402
 from fasteagle.env import env  # noqa: E402
 from fasteagle.errors import FastEagleError  # noqa: E402
@@ -52,36 +53,9 @@ log = logging.getLogger("fasteagle.app")
 PLAY_S = 1.2  # the play button's pace: one step per this many seconds
 RUN_CONCURRENCY = 64  # pages whose /run is served at once: waiting for the decoder or replaying examples
 
-CSS = """
-#identical-badge .badge { display:inline-block; padding:6px 12px; border-radius:14px; font-weight:600; }
-#identical-badge .ok { background:#e3f4e1; color:#1b6e23; border:1px solid #8cc98f; }
-#identical-badge .bad { background:#fde4e4; color:#9b1c1c; border:1px solid #e39a9a; }
-#identical-badge .info { background:#eef2f8; color:#33475b; border:1px solid #b9c6d8; }
-.stats p { margin:0; font-variant-numeric: tabular-nums; }
-.fe-race { font-variant-numeric: tabular-nums; }
-.fe-race-row { display:flex; align-items:center; gap:8px; margin:3px 0; }
-.fe-race-name { width:150px; flex:none; text-align:right; font-size:90%; }
-.fe-race-bar { height:14px; border-radius:3px; flex:none; }
-@media (max-width:640px) { .fe-race { --fe-race-gutter:130px; } .fe-race-name { width:70px; }
-  #header { flex-wrap:wrap; } #header > * { flex:1 1 100% !important; } }
-.fe-race-note { font-size:85%; opacity:.8; margin-top:4px; }
-#spec-reply .fe-tok { cursor:pointer; }
-#spec-reply .fe-tok.fe-sel { outline:2px solid #1f4e9c; outline-offset:1px; }
-.fe-play-bar { display:flex; flex-wrap:wrap; align-items:center; gap:8px; margin-bottom:6px; font-size:90%; }
-.fe-play-bar button { padding:2px 10px; border:1px solid #b9c6d8; border-radius:6px; background:#eef2f8; }
-.fe-play-note { opacity:.75; font-size:90%; }
-.fe-play-bar select { padding:2px 6px; width:auto; min-width:11em; border:1px solid #b9c6d8; border-radius:6px; }
-.fe-play-panes { display:grid; grid-template-columns:1fr 1fr; gap:10px; }
-.fe-play-side { border:1px solid #dde3ea; border-radius:6px; padding:6px 8px; min-width:0; overflow-wrap:anywhere; }
-.fe-play-head { font-size:90%; margin-bottom:4px; font-variant-numeric:tabular-nums; }
-.fe-play-text { white-space:pre-wrap; line-height:1.6; font-size:0.92em; max-height:12em; overflow-y:auto; }
-.fe-play-empty { opacity:.7; font-size:90%; }
-body.fe-present { overflow-anchor:none; }
-body.fe-present .fe-reply, body.fe-present .fe-play-text { font-size:1.25em !important; }
-body.fe-present .fe-chip { font-size:1.05em !important; }
-body.fe-present #step-info, body.fe-present .fe-race, body.fe-present #glyphs, body.fe-present #tree-side {
-  font-size:1.2em; }
-""" + viz.present_css()
+# the page's styles: its own file, then the pictures' and the tour's
+CSS = (Path(__file__).with_name("fasteagle") / "app" / "page.css").read_text(encoding="utf-8") + \
+    viz.present_css() + viz.STAGE_CSS + TOUR_CSS + viz.palette_css()
 
 
 
@@ -101,15 +75,19 @@ watch('value', mark);
 """
 # the replay slider moved: outline that step's tokens in the speculative reply
 MARK_STEP_JS = """(step) => {
+  if (window.feStage) window.feStage.goto(step);
   document.querySelectorAll('#spec-reply .fe-tok').forEach(
     (t) => t.classList.toggle('fe-sel', Number(t.dataset.step) === Number(step)));
 }"""
 # presentation mode on or off: the page's class, which the CSS's larger type and colours hang on
-PRESENT_JS = "(on) => { document.body.classList.toggle('fe-present', Boolean(on)); }"
-# Run in presentation mode: the race strip and the tree come into view while the run starts
+PRESENT_JS = """(on) => {
+  document.body.classList.toggle('fe-present', Boolean(on));
+  if (window.feStage) window.feStage.redraw();
+}"""
+# Run in presentation mode: the stage comes into view while the run starts
 SCROLL_JS = """() => {
   if (document.body.classList.contains('fe-present'))
-    document.querySelector('#race')?.scrollIntoView({behavior: 'smooth', block: 'start'});
+    document.querySelector('#stage')?.scrollIntoView({behavior: 'smooth', block: 'start'});
 }"""
 # All methods: their progress line and table come into view (they sit below the run's charts)
 COMPARE_JS = "() => { document.querySelector('#compare-box')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }"
@@ -134,17 +112,22 @@ def layout(engine: Engine) -> UI:
     with gr.Row(equal_height=True, elem_id="header"):
         gr.Markdown("# FastEagle: speculative decoding, step by step\n"
                     f"Target **{target.name}** · " + device_text(target))
+        tour_btn = gr.Button("Take the tour ▸", elem_id="tour-btn", scale=0, min_width=140, size="sm")
         present = gr.Checkbox(False, label="Presentation mode", elem_id="present", scale=0, min_width=200,
-                              info="large type, projector colours, the explainer beside the tree")
+                              info="large type, projector colours, the settings hidden")
     missing = [m for m in engine.methods if not m.available and m.key == "fasteagle"]
     if missing:
         gr.Markdown(f"⚠️ **FastEagle is not available:** {missing[0].note}", elem_id="drafter-warning")
     run_state, present_state = gr.State(None), gr.State(False)
-    with gr.Row():
-        with gr.Column(scale=1, min_width=300):
-            settings = _settings(engine)
-        with gr.Column(scale=3):
+    # a grid (CSS above): the prompt and Run, then the rest of the settings, beside the run; on a phone
+    # the prompt and Run, the run, then the rest
+    with gr.Row(elem_id="main"):
+        with gr.Column(min_width=280, elem_id="settings-col"):
+            settings = _prompt_and_run()
+        with gr.Column(min_width=280, elem_id="run-col"):
             shown = _run_view()
+        with gr.Column(min_width=280, elem_id="settings-rest"):
+            settings |= _settings(engine, settings["prompt"])
     summary = gr.Markdown("", elem_id="summary")
     with gr.Row():
         hist_plot = gr.Plot(value=viz.empty_figure("accepted length per step", 280), show_label=False,
@@ -162,7 +145,7 @@ def layout(engine: Engine) -> UI:
         gr.Plot(value=batches, show_label=False, elem_id="batch-plot", visible=batches is not None)
     return UI(**settings, **shown, **compare, summary=summary, hist_plot=hist_plot, depth_plot=depth_plot,
               time_plot=time_plot, download=download, upload=upload, present=present, present_state=present_state,
-              run_state=run_state)
+              run_state=run_state, tour_btn=tour_btn)
 
 
 def _compare_view() -> dict[str, Any]:
@@ -176,53 +159,60 @@ def _compare_view() -> dict[str, Any]:
     return {"compare_box": box, "compare_status": status, "compare_table": table, "compare_plot": plot}
 
 
-def _settings(engine: Engine) -> dict[str, Any]:
-    """The left column: the prompt with Run (and All methods) right under it, the examples, then
-    every setting of a run."""
-    on_gpu = engine.target.device.type == "cuda"
-    methods = [m.label for m in engine.available]
-    prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
+def _prompt_and_run() -> dict[str, Any]:
+    """The prompt with Run (and All methods) right under it."""
+    prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
                         placeholder="Ask something, or pick an example below")
     with gr.Row():
         run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=2, min_width=100)
         compare_btn = gr.Button("Run all methods", elem_id="compare", scale=2, min_width=100)
-    # created before the examples that set it, drawn below the method (its place on the page)
+    return {"prompt": prompt, "run_btn": run_btn, "compare_btn": compare_btn}
+
+
+def _settings(engine: Engine, prompt: gr.Textbox) -> dict[str, Any]:
+    """Below the prompt: the method and the examples (which set `prompt`), then the other settings of
+    a run behind "Advanced settings"."""
+    on_gpu = engine.target.device.type == "cuda"
+    methods = [m.label for m in engine.available]
+    # created before the examples that set it, drawn in the advanced settings (its place on the page)
     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature (0 = greedy)", render=False,
                             elem_id="temperature")
-    gr.Examples(examples=[[e.prompt, e.temperature] for e in EXAMPLES], inputs=[prompt, temperature],
-                example_labels=[e.label for e in EXAMPLES], label="Examples", examples_per_page=10, elem_id="examples")
     method = gr.Radio(methods, value=methods[0], label="Drafting method", elem_id="method",
                       info=EQUAL_INFO if EQUAL_LABEL in methods else None)
-    tree_size = gr.Radio([("fast tree (this device's default)", "fast"),
-                          (f"paper-size tree ({PAPER_BUDGET} nodes)", "paper")], value="fast",
-                         label="Tree size (FastEagle / EAGLE-3)", elem_id="tree-size")
-    tree_size_note = gr.Markdown("", elem_id="tree-size-note")
-    temperature.render()
-    max_new = gr.Slider(1, MAX_NEW_TOKENS, value=default_max_new(on_gpu), step=1,
-                        label="Max new tokens", elem_id="max-new")
-    with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
-        tree_k = gr.Textbox(value="", label="Top-k per depth",
-                            placeholder="each drafter's own: FastEagle 32, EAGLE-3 10",
-                            info="one number, or one per depth: 8,4,2; empty: each drafter's own "
-                                 "(what the benchmarks used)")
-        budget = gr.Slider(2, MAX_BUDGET, value=default_budget(engine.available[0].key, on_gpu), step=1,
-                           label="Node budget", elem_id="budget",
-                           info="tree nodes the drafter verifies per step, root included "
-                                "(lookup's branches come on top)")
-        tree_shape = gr.Radio([(label, key) for key, label in TREE_SHAPE_LABELS.items()], value=DEFAULT_TREE_SHAPE,
-                              label="Tree shape (FastEagle)", elem_id="tree-shape",
-                              info="both keep the most probable nodes; the paper's lets nothing grow "
-                                   "below a runner-up")
-    seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
+    gr.Examples(examples=[[e.prompt, e.temperature] for e in EXAMPLES], inputs=[prompt, temperature],
+                example_labels=[e.label for e in EXAMPLES], label="Examples", examples_per_page=10, elem_id="examples")
+    with gr.Accordion("Advanced settings", open=False, elem_id="advanced"):
+        tree_size = gr.Radio([("fast tree (this device's default)", "fast"),
+                              (f"paper-size tree ({PAPER_BUDGET} nodes)", "paper")], value="fast",
+                             label="Tree size (FastEagle / EAGLE-3)", elem_id="tree-size")
+        tree_size_note = gr.Markdown("", elem_id="tree-size-note")
+        temperature.render()
+        max_new = gr.Slider(1, MAX_NEW_TOKENS, value=default_max_new(on_gpu), step=1,
+                            label="Max new tokens", elem_id="max-new")
+        with gr.Accordion("Tree settings (FastEagle / EAGLE-3)", open=False):
+            tree_k = gr.Textbox(value="", label="Top-k per depth",
+                                placeholder="each drafter's own: FastEagle 32, EAGLE-3 10",
+                                info="one number, or one per depth: 8,4,2; empty: each drafter's own "
+                                     "(what the benchmarks used)")
+            budget = gr.Slider(2, MAX_BUDGET, value=default_budget(engine.available[0].key, on_gpu), step=1,
+                               label="Node budget", elem_id="budget",
+                               info="tree nodes the drafter verifies per step, root included "
+                                    "(lookup's branches come on top)")
+            tree_shape = gr.Radio([(label, key) for key, label in TREE_SHAPE_LABELS.items()], value=DEFAULT_TREE_SHAPE,
+                                  label="Tree shape (FastEagle)", elem_id="tree-shape",
+                                  info="both keep the most probable nodes; the paper's lets nothing grow "
+                                       "below a runner-up")
+        seed = gr.Number(value=0, precision=0, label="Seed (sampling)")
     return {"prompt": prompt, "method": method, "tree_size": tree_size, "tree_size_note": tree_size_note,
             "temperature": temperature, "max_new": max_new, "tree_k": tree_k, "budget": budget,
-            "tree_shape": tree_shape, "seed": seed, "run_btn": run_btn, "compare_btn": compare_btn}
+            "tree_shape": tree_shape, "seed": seed}
 
 
 def _run_view() -> dict[str, Any]:
-    """The right column: both replies with their stats, the badge, the race strip, the replies played
-    at their measured speeds, then the tree with its step controls (the short explainer beside it in
-    presentation mode)."""
+    """The right column: the stage (the step on screen in phases, the hero picture), both replies with
+    their stats, the badge, the race strip, the replies played at their measured speeds, then the tree in
+    detail with its step controls (the short explainer beside it in presentation mode)."""
+    stage = gr.HTML(viz.stage_html(None), js_on_load=viz.STAGE_JS, elem_id="stage", container=True, padding=True)
     with gr.Row(equal_height=False):
         with gr.Column():
             spec_stats = gr.Markdown("**speculative** · not run yet", elem_id="spec-stats", elem_classes="stats")
@@ -240,8 +230,8 @@ def _run_view() -> dict[str, Any]:
             steps = _step_view()
         with gr.Column(scale=1, min_width=220, visible=False, elem_id="tree-side") as tree_side:
             gr.Markdown(SHORT_EXPLAINER)
-    return {"spec_stats": spec_stats, "spec_reply": spec_reply, "van_stats": van_stats, "van_reply": van_reply,
-            "badge": badge, "race": race, "playback": playback, "tree_side": tree_side, **steps}
+    return {"stage": stage, "spec_stats": spec_stats, "spec_reply": spec_reply, "van_stats": van_stats,
+            "van_reply": van_reply, "badge": badge, "race": race, "playback": playback, "tree_side": tree_side, **steps}
 
 
 def _step_view() -> dict[str, Any]:
@@ -284,6 +274,7 @@ def connect(ui: UI, handlers: Handlers) -> None:
                          concurrency_limit=RUN_CONCURRENCY, concurrency_id="run")
     _connect_steps(ui, handlers)
     _connect_settings(ui, handlers)
+    ui.tour_btn.click(None, js="() => { if (window.feTour) window.feTour.start(); }", api_name=False, queue=False)
 
 
 def _connect_steps(ui: UI, handlers: Handlers) -> None:
@@ -300,6 +291,7 @@ def _connect_steps(ui: UI, handlers: Handlers) -> None:
     ui.spec_reply.token(handlers.on_token, [ui.step_slider, ui.run_state], ui.step_slider, api_name=False, **quiet)
     ui.run_state.change(handlers.on_race, ui.run_state, ui.race, api_name=False, **quiet)
     ui.run_state.change(handlers.on_playback, ui.run_state, ui.playback, api_name=False, **quiet)
+    ui.run_state.change(handlers.on_stage, ui.run_state, ui.stage, api_name=False, **quiet)
     playing = gr.State(False)
     ui.play_btn.click(handlers.on_play, [playing, ui.step_slider, ui.run_state],
                       [playing, ui.play_timer, ui.play_btn, ui.step_slider], api_name=False, **quiet)
@@ -353,7 +345,11 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
     cache = ExampleCache(engine, turns, Path(examples)) if examples is not None else None
     with gr.Blocks(title="FastEagle: speculative decoding, step by step") as demo:
         ui = layout(engine)
-        connect(ui, Handlers(engine, ui, precompute, turns, cache, _decode_both_gpu))
+        handlers = Handlers(engine, ui, precompute, turns, cache, _decode_both_gpu)
+        connect(ui, handlers)
+        # the first screen: a finished run (an example's from the cache, else the recorded one shipped)
+        demo.load(handlers.on_first, [ui.present_state], [ui.prompt, *ui.outputs], api_name=False,
+                  show_progress="hidden")
     demo.queue(default_concurrency_limit=1)
     if cache is not None and spaces is None:
         cache.start()
@@ -385,7 +381,12 @@ def launch(demo: gr.Blocks, **kwargs):
     keeps the tree's labels from overlapping); never share=True."""
     kwargs.setdefault("show_error", False)
     kwargs.setdefault("max_threads", RUN_CONCURRENCY + 40)  # waiting pages hold a worker thread between polls
-    return demo.launch(theme=theme(), css=CSS, js=viz.TREE_JS, **kwargs)
+    return demo.launch(theme=theme(), css=CSS, js=page_js(), **kwargs)
+
+
+def page_js() -> str:
+    """The page's script: the tree's label declutter, then the tour."""
+    return "() => {\n(" + viz.TREE_JS.strip() + ")();\n" + tour_js() + "\n}"
 
 
 def theme() -> gr.themes.Base:

@@ -78,6 +78,11 @@ class DrafterBase(nn.Module):
         self.loss_vocab: torch.Tensor | None = None
         self.packing: str | None = None  # "fp32" or "int8" once `pack_for_cpu` ran (a `packing.KINDS` key)
         self._fused: list[FusedLayer] | None = None  # inference forwards of self.layers, made at first use
+        # what the last `draft` did, for the trace (the app's cascade view): ms of each forward it ran
+        # beyond the one `extend` ran before it (EAGLE-3: depths 2..N; the cascade: none), and per depth
+        # its best candidates through the head, [[token id, prob], ...] (the cascade's layers L1..LN)
+        self.inner_passes: list[float] = []
+        self.layer_top: list[list[list]] = []
         self._frozen: tuple[nn.Module, nn.Module] | None = None  # target's (embedding, lm_head), not ours
         self.feature_layers = tuple(cfg.feature_layers)
         # top-k candidates per depth (an int, or one per depth; EAGLE-2's 10 unless a subclass says

@@ -160,13 +160,23 @@ class CascadedDrafter(DrafterBase):
         build = TREE_BUILDERS[self.tree_shape]
         step = self.state.fixed_step()
         if step is not None and step.tree is not None and step.tree_spec == self.state.tree_spec():
+            self.layer_top = []  # the step built the tree on its device: no top-k lists came back
             return DraftTree(*step.tree)  # built by the step itself, on its device (valid until the next extend)
         if step is not None and step.topk is not None and step.k >= k:
             # the step's top-k came with it: one copy to the host, the tree built there and sent back
             top = step.topk[:, :, :k].cpu()
+            self.layer_top = _layer_top(top[1].long(), top[0])
             return build(root, top[1].long(), top[0], ks, self.tree_budget).to(last.device)
         top_p, top_i = self.depth_probs().topk(k, -1)
-        return build(root, self.vocab_ids[top_i], top_p, ks, self.tree_budget)
+        ids = self.vocab_ids[top_i]
+        self.layer_top = _layer_top(ids, top_p)
+        return build(root, ids, top_p, ks, self.tree_budget)
+
+
+def _layer_top(ids: torch.Tensor, probs: torch.Tensor, n: int = 3) -> list[list[list]]:
+    """Each layer's `n` best candidates, [[token id, prob], ...] per depth, from (N, k) top-k lists."""
+    ids, probs = ids[:, :n].tolist(), probs[:, :n].float().tolist()
+    return [[[t, round(p, 4)] for t, p in zip(i, q)] for i, q in zip(ids, probs)]
 
 
 class CascadeState:

@@ -18,6 +18,7 @@ first drafter's, puts a linear projection of that concatenation in front of a st
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
@@ -221,7 +222,9 @@ class AutoregressiveDrafter(DrafterBase):
         frontier = torch.arange(k, device=dev)  # candidate indices to expand next
         expanded = torch.empty(0, dtype=torch.long, device=dev)  # candidates with rows in the cache
         anc = torch.eye(k, dtype=torch.bool, device=dev)  # anc[c, a]: a is c or an ancestor of c
+        self.inner_passes = []
         for d in range(2, self.draft_depths + 1):  # no pass for depths the tree budget cannot keep
+            t_pass = time.perf_counter()
             f = frontier.numel()
             rows = torch.cat([expanded, frontier])
             mask = attention_mask(anc[frontier][:, rows], prefix, self.fc.weight.dtype)  # prefix + ancestors
@@ -248,6 +251,7 @@ class AutoregressiveDrafter(DrafterBase):
             grown[new, new] = True
             anc = grown
             frontier = new[child_scores.topk(min(k, f * k)).indices]
+            self.inner_passes.append((time.perf_counter() - t_pass) * 1e3)  # host time (a GPU: launches)
         self.cache.truncate(prefix)  # drop the draft's own rows; `extend` adds the accepted ones
         probs = torch.exp(scores - torch.where(parents >= 0, scores[parents.clamp_min(0)], torch.zeros_like(scores)))
         return dynamic(root, tokens, parents, scores, probs.clamp(max=1.0), depths, self.tree_budget)

@@ -116,6 +116,7 @@ class Decode:
     feature_layers: tuple[int, ...]  # the target's hidden states the drafter reads
     detokenizer: _Detokenizer
     sync_phases: bool = False  # wait for the device between phases, so each phase's time is its own
+    extend_ms: float = 0.0  # ms of the drafter's last `extend`: the forward that readied the next draft
     step: int = 0
     generated: int = 0  # tokens emitted so far
     forwards: int = 0  # target forwards so far, prefill excluded
@@ -185,7 +186,7 @@ def _prefill(state: Decode, ids: torch.Tensor) -> StepTrace:
         state.drafter.reset(state.capacity)
         state.drafter.extend(ids, feats, root)
     synchronize(state.device)
-    draft_ms = (time.perf_counter() - t0) * 1e3
+    draft_ms = state.extend_ms = (time.perf_counter() - t0) * 1e3
     state.generated = 1
     return StepTrace(step=0, tokens=[root], token_depths=[0], text=state.detokenizer.add([root]),
                      draft_ms=draft_ms, verify_ms=verify_ms, generated=1, forwards=0,
@@ -222,13 +223,28 @@ def _step(state: Decode, root: int) -> StepTrace:
     if state.sync_phases:
         synchronize(dev)
     t3 = time.perf_counter()
+    passes = [state.extend_ms] + list(getattr(state.drafter, "inner_passes", [])) if state.drafter else []
+    if getattr(state.drafter, "feature_layers", None) == ():  # prompt lookup: a string match, no forward
+        passes = []
+    state.extend_ms = (t3 - t2 - t_trace) * 1e3
     state.step, state.generated, state.forwards = state.step + 1, state.generated + len(new), state.forwards + 1
     return StepTrace(
         step=state.step, tokens=new, token_depths=depths, text=state.detokenizer.add(new),
         draft_ms=((t1 - t0) + (t3 - t2) - t_trace) * 1e3, verify_ms=(t2 - t1) * 1e3,
         tree=drawn, status=status, target_probs=verdict.target_probs.tolist(),
         path=path, generated=state.generated, forwards=state.forwards, finished=finished, bonus=bonus,
+        draft_passes=[round(ms, 3) for ms in passes], layer_top=list(getattr(state.drafter, "layer_top", [])),
+        bonus_kind=verdict.bonus_kind if bonus >= 0 else "bonus", draws=_round(verdict.draws, status),
+        dists=verdict.dists or [],
     )
+
+
+def _round(draws: list[float] | None, status: list[int]) -> list[float]:
+    """The verdict's draws as a trace keeps them: 6 decimals, none (-1) where the node counts as never
+    reached (a stop token cut the path before it)."""
+    if not draws:
+        return []
+    return [round(u, 6) if s != NEVER_REACHED else -1.0 for u, s in zip(draws, status)]
 
 
 def _end_at_stop(path: list[int], status: list[int], depths: list[int], bonus: int, emitted: int):

@@ -40,6 +40,8 @@ class WithLookup:
     path = _wrapped("path", settable=False)
     packing = _wrapped("packing", settable=False)
     vocab_ids = _wrapped("vocab_ids", settable=False)
+    inner_passes = _wrapped("inner_passes", settable=False)
+    layer_top = _wrapped("layer_top", settable=False)
 
     def __init__(self, drafter, lookup: LookupDrafter | None = None):
         self.drafter = drafter

@@ -40,6 +40,12 @@ class StepTrace:
     forwards: int = 0  # target forwards so far (prefill excluded)
     finished: str | None = None  # "eos" or "length" on the last step
     bonus: int = -1  # the target's own token this step: the next tree's root
+    # Added in version 2 of the run file (a version-1 file lacks them; the app then says so):
+    draft_passes: list[float] = field(default_factory=list)  # ms of each drafter forward that made this tree
+    layer_top: list[list[list]] = field(default_factory=list)  # per depth: [[token, prob], ...] best first
+    bonus_kind: str = "bonus"  # "bonus": the target's own draw; "resampled": drawn from the residual
+    draws: list[float] = field(default_factory=list)  # per tree node: the uniform draw that judged it (-1: none)
+    dists: list[list] = field(default_factory=list)  # per reached node: [node, ids, probs, rest mass]
 
     @property
     def tau(self) -> float:
@@ -96,6 +102,15 @@ def accepted_lengths(steps: Iterable[Step]) -> list[int]:
 def reply_tokens(steps: Iterable[Step]) -> list[int]:
     """The reply a decode emitted, token by token: every step's tokens in order (the prefill's first)."""
     return [int(t) for s in steps for t in (_get(s, "tokens") or [])]
+
+
+def token_kinds(step: Step) -> list[str]:
+    """How each token a step emitted was made: "draft" (an accepted draft token, its depth in
+    `token_depths`), "bonus" (the target's own token after the accepted path) or "resampled" (drawn
+    from the residual distribution after the verifier rejected drafts: sampling only)."""
+    depths = _get(step, "token_depths") or []
+    last = _get(step, "bonus_kind", "bonus") or "bonus"
+    return ["draft" if d > 0 else last if i == len(depths) - 1 else "bonus" for i, d in enumerate(depths)]
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -187,7 +202,8 @@ SUMMARY_NUMBERS = ("tokens", "forwards", "tau", "wall_s", "tokens_per_s", "prefi
                    "other_ms")  # the numbers of `run_summary` a trace file's summary must hold
 
 
-FORMAT, VERSION = "fasteagle-trace", 1  # a run file's format: what the app downloads and replays (viz.trace_io)
+FORMAT, VERSION = "fasteagle-trace", 2  # a run file's format: what the app downloads and replays (viz.trace_io)
+READS = (1, 2)  # versions the app replays: version 1 lacks the draft passes and the sampling fields
 
 
 def make_run_file(meta: Mapping[str, Any], sides: Mapping[str, Mapping[str, Any]],

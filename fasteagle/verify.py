@@ -42,6 +42,21 @@ class Verdict:
     bonus: int  # the target's own next token after the path
     status: torch.Tensor  # (T,) NEVER_REACHED / ACCEPTED / REJECTED per node (root: ACCEPTED)
     target_probs: torch.Tensor  # (T,) target probability of each node's token given its parent (root: 1)
+    # what sampling drew (greedy: none of it): the uniform draw that judged each node (-1: none), whether
+    # the bonus came from a residual after rejections, and the target's distribution at each reached node
+    draws: list[float] | None = None
+    bonus_kind: str = "bonus"
+    dists: list[list] | None = None  # [node, top ids, their probs, the rest's mass] per reached node
+
+
+DIST_TOP = 32  # tokens of the target's distribution a trace keeps per reached node (the rest as one mass)
+
+
+def dist_record(node: int, p: torch.Tensor, k: int = DIST_TOP) -> list:
+    """[node, ids, probs, rest]: the `k` most probable tokens of distribution `p` (1-D, on the CPU)."""
+    top_p, top_i = p.topk(min(k, p.numel()))
+    kept = [round(float(v), 6) for v in top_p]
+    return [node, top_i.tolist(), kept, max(0.0, round(1.0 - float(top_p.sum()), 6))]
 
 
 def tree_forward(model: torch.nn.Module, cache: KVCache, tree: DraftTree, feature_layers: tuple[int, ...] = ()):
@@ -128,28 +143,33 @@ def verify_sampling(logits: torch.Tensor, tree: DraftTree, params: SamplingParam
         children[p].append(i)
     status = [NEVER_REACHED] * len(tokens)
     status[0] = ACCEPTED
+    draws, dists = [-1.0] * len(tokens), []
     path, node = [0], 0
     while True:
         p = probs[node].to("cpu", copy=True)  # one row per reached node; random draws stay on the CPU generator
+        dists.append(dist_record(node, p))
         for child in children[node]:
             status[child] = REJECTED
         chosen = None
         for child in children[node]:
             x = tokens[child]
-            if float(torch.rand((), generator=generator)) < float(p[x]):
+            u = float(torch.rand((), generator=generator))
+            draws[child] = u
+            if u < float(p[x]):
                 chosen = child
                 break
             p[x] = 0.0  # rejected: the residual is p without x, renormalised
             p = p / p.sum()
         if chosen is None:
             bonus = int(torch.multinomial(p, 1, generator=generator))
+            kind = "resampled" if children[node] else "bonus"
             break
         status[chosen] = ACCEPTED
         path.append(chosen)
         node = chosen
     dev = tree.device
-    return Verdict(path=torch.tensor(path, device=dev), bonus=bonus,
-                   status=torch.tensor(status, device=dev), target_probs=tp)
+    return Verdict(path=torch.tensor(path, device=dev), bonus=bonus, status=torch.tensor(status, device=dev),
+                   target_probs=tp, draws=draws, bonus_kind=kind, dists=dists)
 
 
 def verify(logits: torch.Tensor, tree: DraftTree, params: SamplingParams,

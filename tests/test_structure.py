@@ -33,7 +33,7 @@ LAYERS = [
     {"fasteagle.cli", "fasteagle.cli_bench", "fasteagle.cli_vllm", "fasteagle.__main__", "fasteagle.train.recipe",
      "fasteagle.train.steps"},
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
-    {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine"},
+    {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine", "fasteagle.app.tour"},
     {"fasteagle.app.text", "fasteagle.app.examples"},
     {"fasteagle.app.screen"},
     {"fasteagle.app.handlers"},

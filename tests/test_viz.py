@@ -193,7 +193,7 @@ def test_nodes_of_the_lookup_drafter_are_drawn_as_lookup_nodes():
     for t in fig.data:
         if t.name in VERDICTS.values() and t.customdata is not None:
             for c, symbol in zip(t.customdata, t.marker.symbol):
-                assert (symbol == LOOKUP_SYMBOL) == (int(c[0]) != 0), (t.name, c)
+                assert symbol.startswith(LOOKUP_SYMBOL) == (int(c[0]) != 0), (t.name, c)
                 assert (c[5] == LOOKUP_NAME) == (int(c[0]) != 0), (t.name, c)
 
 

@@ -8,8 +8,10 @@ from viz.charts import (
     depth_acceptance_lines,
     time_split_chart,
 )
+from viz.palette import palette_css
 from viz.playback import PLAYBACK_JS, decode_seconds, playback_html
 from viz.race import landing_step, race_html
+from viz.stepper import STAGE_CSS, STAGE_JS, stage_html
 from viz.tokens import (
     BONUS,
     Span,
@@ -40,10 +42,12 @@ from viz.tree import (
 )
 
 __all__ = [
-    "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "PLAYBACK_JS", "Span", "SpanBuilder", "TREE_JS",
+    "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "PLAYBACK_JS", "STAGE_CSS", "STAGE_JS", "Span", "SpanBuilder",
+    "TREE_JS",
     "TraceFileError", "TreeStyle", "VERDICTS", "VERDICT_COLORS", "acceptance_histogram", "batch_speedup_chart",
     "color_map", "decode_seconds", "depth_acceptance_chart", "depth_acceptance_lines", "depth_category",
-    "empty_figure", "glyph_note", "highlighted", "landing_step", "make_run_file", "parse_run_file",
-    "playback_html", "present_css", "race_html", "spans_html", "time_split_chart", "token_label", "token_spans",
+    "empty_figure", "glyph_note", "highlighted", "landing_step", "make_run_file", "palette_css", "parse_run_file",
+    "playback_html", "present_css", "race_html", "spans_html", "stage_html",
+    "time_split_chart", "token_label", "token_spans",
     "tree_figure", "tree_height", "tree_layout", "visible",
 ]

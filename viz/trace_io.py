@@ -12,6 +12,7 @@ from fasteagle.trace import (  # noqa: F401  (the file's format and writer live 
     ACCEPTED,
     FORMAT,
     NEVER_REACHED,
+    READS,
     REJECTED,
     SUMMARY_NUMBERS,
     VERSION,
@@ -76,6 +77,26 @@ def _check_trace(tr: Any, where: str) -> None:
         raise TraceFileError(f"{where}: 'status' values must be 0, 1 or 2")
     if any(not isinstance(i, int) or not 0 <= i < n for i in tr.get("path") or []):
         raise TraceFileError(f"{where}: 'path' points outside the tree")
+    _check_v2(tr, where, n)
+
+
+def _check_v2(tr: dict, where: str, n: int) -> None:
+    """The fields version 2 added (each optional: a version-1 step has none of them)."""
+    if tr.get("draft_passes") is not None and not _numbers(tr["draft_passes"]):
+        raise TraceFileError(f"{where}: 'draft_passes' must be numbers (ms)")
+    top = tr.get("layer_top") or []
+    if not isinstance(top, list) or not all(isinstance(d, list) and all(
+            isinstance(c, list) and len(c) == 2 and _ints(c[:1]) and _numbers(c[1:]) for c in d) for d in top):
+        raise TraceFileError(f"{where}: 'layer_top' must hold [token, prob] pairs per depth")
+    if tr.get("bonus_kind", "bonus") not in ("bonus", "resampled"):
+        raise TraceFileError(f"{where}: 'bonus_kind' must be 'bonus' or 'resampled'")
+    draws = tr.get("draws") or []
+    if draws and (not _numbers(draws) or len(draws) != n):
+        raise TraceFileError(f"{where}: 'draws' must be {n} numbers")
+    for d in tr.get("dists") or []:
+        if not (isinstance(d, list) and len(d) == 4 and _ints(d[:1]) and d[0] < n and _ints(d[1])
+                and _numbers(d[2]) and len(d[1]) == len(d[2]) and _numbers(d[3:])):
+            raise TraceFileError(f"{where}: each of 'dists' must be [node, ids, probs, rest]")
 
 
 def parse_run_file(data: bytes | str) -> dict:
@@ -93,8 +114,9 @@ def parse_run_file(data: bytes | str) -> dict:
         raise TraceFileError(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(run, dict) or run.get("format") != FORMAT:
         raise TraceFileError(f"not a {FORMAT} file (download one from the app after a run)")
-    if run.get("version") != VERSION:
-        raise TraceFileError(f"unsupported trace file version {run.get('version')!r} (this app reads {VERSION})")
+    if run.get("version") not in READS:
+        raise TraceFileError(f"unsupported trace file version {run.get('version')!r} (this app reads "
+                             f"{', '.join(map(str, READS))})")
     sides = run.get("sides")
     if not isinstance(sides, dict) or not isinstance(sides.get("speculative"), dict):
         raise TraceFileError("the file has no speculative decode to replay")

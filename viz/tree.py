@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from fasteagle.trace import ACCEPTED, LOOKUP_SOURCE, NEVER_REACHED, REJECTED
+from viz.palette import BONUS_COLOR, SYMBOL_SUFFIX, VERDICT_COLORS
 from viz.tokens import Decode, label_decoder, token_label
 
 VERDICTS = {ACCEPTED: "accepted", REJECTED: "rejected", NEVER_REACHED: "never reached"}
-VERDICT_COLORS = {ACCEPTED: "#2ca02c", REJECTED: "#d62728", NEVER_REACHED: "#b4b4b4"}
-BONUS_COLOR = "#1f77b4"
 ACCEPTED_PATH = "accepted path"
 BONUS_NAME = "bonus token"
 
@@ -355,7 +354,8 @@ def _verdict_nodes(d: _Drawing, verdict: int) -> go.Scatter:
         name=VERDICTS[verdict], text=[d.labels[i] for i in idx], textposition="top center", cliponaxis=False,
         textfont={"size": d.style.label_px, "family": "monospace"},
         marker={"size": d.style.marker_px, "color": VERDICT_COLORS[verdict], "line": {"color": "white", "width": 1},
-                "symbol": [LOOKUP_SYMBOL if d.sources[i] == LOOKUP_SOURCE else "circle" for i in idx]},
+                "symbol": [(LOOKUP_SYMBOL if d.sources[i] == LOOKUP_SOURCE else "circle") + SYMBOL_SUFFIX[verdict]
+                           for i in idx]},
         customdata=[[i, d.tokens[i], int(lay.x[at[i]]), d.dprobs[i], d.tprobs[i], _source_text(d.sources[i]),
                      repr(d.texts[i])] for i in idx],
         hovertemplate=("node %{customdata[0]}: %{customdata[6]}<br>token id %{customdata[1]}<br>"

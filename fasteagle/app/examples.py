@@ -29,6 +29,11 @@ from fasteagle.tree import DEFAULT_TREE_SHAPE
 
 log = logging.getLogger("fasteagle.app")
 
+QUIET_S = 8.0  # the background filler decodes only after this long with no page's decode
+# the first screen's run when the cache has none yet (a Space whose disk was wiped): recorded by
+# `python -m fasteagle.app.examples --record`, on the machine its meta names
+FIRST_RUN = Path(__file__).resolve().parents[2] / "assets" / "first-run.json"
+
 
 @dataclass(frozen=True)
 class Example:
@@ -89,6 +94,31 @@ def run_record(engine: Engine, req: Request, record: dict, spans: dict | None = 
     if vanilla_modelled:
         meta["vanilla_modelled"] = vanilla_modelled
     return viz.make_run_file(meta, sides, {i: engine.label(i) for i in sorted(ids_seen)})
+
+
+def machine_text() -> str:
+    """This machine in a few words: its CPU or GPU, cores and torch threads."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def recorded_run(engine: Engine, path: Path = FIRST_RUN) -> dict | None:
+    """The shipped recorded run, when it is this target's and its method is offered here (else None)."""
+    try:
+        run = viz.parse_run_file(path.read_bytes())
+    except (OSError, viz.TraceFileError):
+        return None
+    meta = run.get("meta") or {}
+    if meta.get("target") != engine.target.name or meta.get("method") not in [m.label for m in engine.available]:
+        return None
+    return run
 
 
 class ExampleCache:
@@ -168,17 +198,59 @@ class ExampleCache:
                  self.folder, time.perf_counter() - t0)
 
     def _decode(self, req: Request, vanilla: dict[tuple, dict]) -> None:
+        """One example decoded in a background turn, once no page has decoded for QUIET_S seconds; its
+        record is built and written inside the turn too, so nothing of it runs beside a page's decode."""
         plain_key = (req.prompt, req.temperature, req.max_new_tokens, req.seed)
+        while not self.turns.quiet(QUIET_S):  # pages first: a visitor's run never shares the CPU with this
+            time.sleep(1.0)
         ticket = self.turns.join(self.engine.estimate(req, vanilla=plain_key not in vanilla), background=True)
         try:
             while not self.turns.wait(ticket, 5.0):
                 pass
             result = self.engine.decode_both(req, vanilla=plain_key not in vanilla)
+            if "error" in result:
+                log.warning("caching an example failed: %s", result["error"])
+                return
+            vanilla.setdefault(plain_key, result.get("vanilla"))
+            self.put(req, run_record(self.engine, req, {"speculative": result["speculative"],
+                                                        "vanilla": vanilla[plain_key]}))
         finally:
             self.turns.leave(ticket)
-        if "error" in result:
-            log.warning("caching an example failed: %s", result["error"])
-            return
-        vanilla.setdefault(plain_key, result.get("vanilla"))
-        self.put(req, run_record(self.engine, req, {"speculative": result["speculative"],
-                                                    "vanilla": vanilla[plain_key]}))
+
+
+def record(engine: Engine, path: Path = FIRST_RUN) -> dict:
+    """Decode the first example with the page's default method and settings, as the first screen shows
+    it, and write it to `path` with the machine that made it in its meta."""
+    cache = ExampleCache(engine, Turns(), path.parent)
+    req = cache.defaults(EXAMPLES[0], engine.available[0].label)
+    result = engine.decode_both(req)
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    run = run_record(engine, req, {"speculative": result["speculative"], "vanilla": result["vanilla"]})
+    run["meta"] |= {"machine": machine_text(), "recorded": True}
+    files.write_text(path, viz.trace_io.dumps(run))
+    return run
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from fasteagle.env import env
+    from fasteagle.target import load_target
+
+    p = argparse.ArgumentParser(description="The app's example runs.")
+    p.add_argument("--record", action="store_true", help=f"record the first screen's run into {FIRST_RUN}")
+    p.add_argument("--out", type=Path, default=FIRST_RUN)
+    args = p.parse_args(argv)
+    if not args.record:
+        p.error("nothing to do: pass --record")
+    e = env()
+    engine = Engine(load_target(e.target, e.device, e.dtype), None, None)
+    engine.warmup()
+    run = record(engine, args.out)
+    side = run["sides"]["speculative"]["summary"]
+    print(f"recorded {run['meta']['method']} on {run['meta']['machine']}: tau {side['tau']:.2f} -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

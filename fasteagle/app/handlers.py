@@ -23,7 +23,7 @@ import gradio as gr
 import viz
 from fasteagle import files
 from fasteagle.app.engine import Engine, Request
-from fasteagle.app.examples import ExampleCache, run_record
+from fasteagle.app.examples import EXAMPLES, ExampleCache, recorded_run, run_record
 from fasteagle.app.screen import UI, Screen, style_for
 from fasteagle.app.text import (
     compare_markdown,
@@ -31,6 +31,7 @@ from fasteagle.app.text import (
     fmt_stats,
     paper_tree_note,
     queue_line,
+    recorded_note,
     replay_note,
     shared_note,
 )
@@ -135,7 +136,9 @@ class Handlers(Screen):
                     raise FastEagleError(result["error"])
                 events = _animate(result)
             else:
-                events = self._live(ids, engine.drafter(req), req, vanilla=not waiting)
+                drafter = engine.drafter(req)
+                engine.warmup(drafter)  # (once per drafter) its lazy set-up not billed to this run
+                events = self._live(ids, drafter, req, vanilla=not waiting)
             builders = {"speculative": viz.SpanBuilder(engine.decode_text)}
             record = {"speculative": {"traces": [], "elapsed": []}}
             if not waiting:
@@ -163,6 +166,26 @@ class Handlers(Screen):
             # the screen shows the previous run again (still replayable and downloadable), under the error
             restored = self.finish(previous, self._labeler(previous), style) if previous else {}
             yield restored | {ui.badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
+
+    # the page's first screen: a finished run with its prompt, without a click or a decode (the first
+    # example's cached run, else the recorded one shipped with the app; nothing when neither exists)
+    def on_first(self, present=False):
+        ui = self.ui
+        keep = {c: gr.skip() for c in [ui.prompt, *ui.outputs]}
+        try:
+            run = None
+            if self.examples is not None:
+                run = self.examples.get(self.examples.defaults(EXAMPLES[0], self.engine.available[0].label))
+            run = run or recorded_run(self.engine)
+            if run is None:
+                return keep
+            upd = self.replay(run, style_for(present))
+            if (run.get("meta") or {}).get("recorded"):
+                upd[ui.summary] = recorded_note(run["meta"]) + upd[ui.summary].split("\n\n", 1)[-1]
+            return keep | upd | {ui.prompt: (run.get("meta") or {}).get("prompt", "")}
+        except Exception:  # the page still opens, on its empty form
+            log.exception("the first screen's run could not be drawn")
+            return keep
 
     def replay(self, run: dict, style: viz.TreeStyle) -> dict:
         """A stored example run on screen at once, as a finished run; its file is the download. Its

@@ -46,6 +46,7 @@ class UI:
     van_stats: gr.Markdown
     van_reply: gr.HTML
     badge: gr.HTML
+    stage: gr.HTML  # set from run_state: the step on screen in phases, played in the browser (viz.stepper)
     race: gr.HTML  # set from run_state (not an API output): a finished run's forwards, both ways
     playback: gr.HTML  # set from run_state: both replies played at their measured speeds (in the browser)
     tree_plot: gr.Plot
@@ -69,6 +70,7 @@ class UI:
     present: gr.Checkbox  # presentation mode
     present_state: gr.State  # the same, for handlers (a State is no API parameter)
     run_state: gr.State  # the run on screen (its record, as `viz.make_run_file` makes it), or None
+    tour_btn: gr.Button  # opens the guided tour (fasteagle.app.tour; it runs in the browser)
 
     @property
     def run_inputs(self) -> list:
@@ -184,6 +186,16 @@ class Screen:
         except Exception:  # an odd replayed file: the placeholder rather than a broken page
             log.exception("drawing the playback failed")
             return viz.playback_html({})
+
+    # the stage: the run on screen's steps, to play phase by phase in the browser (a placeholder without one)
+    def on_stage(self, run):
+        if not isinstance(run, dict) or not run.get("sides"):
+            return viz.stage_html(None)
+        try:
+            return viz.stage_html(run, self._labeler(run))
+        except Exception:  # an odd replayed file: the placeholder rather than a broken page
+            log.exception("drawing the stage failed")
+            return viz.stage_html(None)
 
     # a click on a token of the speculative reply: the slider moves to the step that emitted it
     # (its change event then draws that step), unless it is there already

@@ -124,6 +124,13 @@ def replay_note(meta: dict) -> str:
             "timings measured then (change any setting to decode afresh).*\n\n")
 
 
+def recorded_note(meta: dict) -> str:
+    """Above the recorded run the first screen shows when this machine has decoded no example yet."""
+    return (f"*A recorded run, shipped with the app: decoded on {meta.get('machine', 'another machine')} on "
+            f"{meta.get('time', 'an earlier day')}, with the timings measured there. Press Run to decode it "
+            "here.*\n\n")
+
+
 def shared_note(replays: int) -> str:
     """Above a decoded run that example replays overlapped: they took no turn at the decoder, but their
     drawing shared the CPU, so this run's times may be a little longer than the machine's alone."""

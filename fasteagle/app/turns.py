@@ -36,6 +36,7 @@ class Turns:
     def __init__(self):
         self._cond = threading.Condition()
         self._line: list[Ticket] = []  # _line[0] holds the decoder once started
+        self._page_left = float("-inf")  # time.monotonic() when a page's turn last ended
 
     def join(self, estimate_s: float, background: bool = False) -> Ticket:
         t = Ticket(max(float(estimate_s), 0.0), background)
@@ -62,7 +63,15 @@ class Turns:
         with self._cond:
             if t in self._line:
                 self._line.remove(t)
+                if not t.background:
+                    self._page_left = time.monotonic()
             self._cond.notify_all()
+
+    def quiet(self, seconds: float) -> bool:
+        """No page holds or waits for a turn, and none has for `seconds`: background work may start."""
+        with self._cond:
+            busy = any(not t.background for t in self._line)
+            return not busy and time.monotonic() - self._page_left >= seconds
 
     def place(self, t: Ticket) -> Place:
         """Where `t` stands: how many decodes are before it and about how long they take (the running

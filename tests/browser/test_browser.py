@@ -88,6 +88,13 @@ def _set_step(page, step: int) -> None:
         "(s) => (document.querySelector('#step-info')?.innerText || '').includes('Step ' + s + ' of')", arg=step)
 
 
+def _advanced(page) -> None:
+    """Open "Advanced settings" (the settings below the method and the examples), unless it is open."""
+    if not page.locator("#max-new").is_visible():
+        page.locator("#advanced").get_by_text("Advanced settings").first.click()
+        page.wait_for_selector("#max-new", state="visible")
+
+
 def _box(page, selector: str) -> dict:
     return page.evaluate("""(s) => { const b = document.querySelector(s).getBoundingClientRect();
                                      return {l: b.left, r: b.right, t: b.top, b: b.bottom}; }""", selector)
@@ -106,10 +113,12 @@ def test_run_and_replay_in_a_browser(app_url, page):
         import app
 
         want = str(app.default_budget(app.ENGINE.method(method).key, on_gpu=False))
+        _advanced(page)
         page.get_by_text("Tree settings").first.click()  # open the accordion, as a person would to look
         page.wait_for_selector("#budget input[type=number]")
         page.wait_for_function("(v) => document.querySelector('#budget input[type=number]').value === v", arg=want,
                                timeout=20_000)
+    _advanced(page)
     num = page.locator("#max-new input[type=number]")
     num.fill(str(MAX_NEW))
     num.press("Enter")
@@ -193,16 +202,22 @@ def test_run_and_replay_in_a_browser(app_url, page):
     assert SCREENSHOT.stat().st_size > 20_000
 
 
-def run_lookup(page, url: str | None, max_new: int) -> None:
+def run_lookup(page, url: str | None, max_new: int, present: bool = False) -> None:
     """Open the app (None: the page as it is), run PROMPT with prompt lookup for `max_new` tokens and
-    wait for its tree."""
+    wait for its tree; `present`: in presentation mode (switched on once the settings are made, since
+    it hides them; the prompt and Run stay)."""
     if url:
         page.goto(url, wait_until="load")
-    page.locator("#prompt textarea").fill(PROMPT)
     page.locator("#method label", has_text="lookup").first.click()
+    _advanced(page)
     num = page.locator("#max-new input[type=number]")
     num.fill(str(max_new))
     num.press("Enter")
+    if present:
+        page.locator("#present input[type=checkbox]").check()
+        page.wait_for_function("() => document.body.classList.contains('fe-present')")
+        page.evaluate("() => window.scrollTo(0, 0)")
+    page.locator("#prompt textarea").fill(PROMPT)
     page.locator("#run").click()
     page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
@@ -391,10 +406,12 @@ def test_presentation_mode(app_url, page):
     page.wait_for_selector("#tree-side", state="visible")
     assert "Reading the tree" in page.locator("#tree-side").inner_text()
     assert "␣ a space" in page.locator("#glyphs").inner_text() and "↵ a newline" in page.locator("#glyphs").inner_text()
-    page.evaluate("() => window.scrollTo(0, 0)")
-    run_lookup(page, None, 12)
-    tree = _box(page, "#tree-plot")
-    assert 0 <= tree["t"] < page.viewport_size["height"] / 2, tree  # scrolled to the tree
+    page.locator("#present input[type=checkbox]").uncheck()
+    page.wait_for_function("() => !document.body.classList.contains('fe-present')")
+    run_lookup(page, None, 12, present=True)
+    stage = _box(page, "#stage")
+    assert 0 <= stage["t"] < page.viewport_size["height"] / 2, stage  # scrolled to the stage
+    assert not page.locator("#settings-rest").is_visible() and page.locator("#run").is_visible()
     sizes = page.evaluate("""() => { const p = document.querySelector('#tree-plot .js-plotly-plot');
         return [p.layout.title.font.size, p.data.find(t => t.name === 'accepted').textfont.size]; }""")
     assert sizes == [app.viz.LARGE.title_px, app.viz.LARGE.label_px]
@@ -434,14 +451,15 @@ def test_presentation_mode_fits_a_projector(app_url, page, size):
         pg = context.new_page()
         pg.set_default_timeout(180_000)
         pg.goto(url, wait_until="load")
-        pg.locator("#present input[type=checkbox]").check()
-        pg.wait_for_function("() => document.body.classList.contains('fe-present')")
         pg.locator("#prompt textarea").fill(PROMPT)
         pg.locator("#method label", has_text=method).first.click()
+        _advanced(pg)
         pg.locator("#tree-size label", has_text="paper").first.click()
         num = pg.locator("#max-new input[type=number]")
         num.fill("12")
         num.press("Enter")
+        pg.locator("#present input[type=checkbox]").check()  # it hides the settings made above
+        pg.wait_for_function("() => document.body.classList.contains('fe-present')")
         pg.locator("#run").click()
         pg.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
         pg.wait_for_function(f"() => document.querySelector('#tree-plot .js-plotly-plot')?.layout?.title?.font?.size"
@@ -475,6 +493,7 @@ def test_all_methods_on_one_prompt(app_url, page):
     url, _ = app_url
     page.goto(url, wait_until="load")
     page.locator("#prompt textarea").fill(PROMPT)
+    _advanced(page)
     num = page.locator("#max-new input[type=number]")
     num.fill("8")
     num.press("Enter")
@@ -488,3 +507,138 @@ def test_all_methods_on_one_prompt(app_url, page):
     assert all("✔ yes" in r for r in rows[1:]), rows  # greedy: every method writes vanilla's reply
     page.wait_for_selector("#compare-plot .js-plotly-plot .scatterlayer")
     assert [t["name"] for t in _plot_traces(page, "compare-plot")] == names[1:]
+
+
+# The first screen's parts, in viewport pixels: the stage's tree nodes and the speculative reply.
+FIRST_SCREEN = """() => {
+    const r = (el) => { if (!el) return null; const b = el.getBoundingClientRect();
+                        return {l: b.left, t: b.top, r: b.right, b: b.bottom}; };
+    return {nodes: Array.from(document.querySelectorAll('#stage svg.fe-stage-tree .fe-n circle'), r),
+            reply: r(document.querySelector('#stage .fe-stage-reply')), spec: r(document.querySelector('#spec-reply')),
+            race: r(document.querySelector('#race')), h: window.innerHeight, w: window.innerWidth}; }"""
+
+
+@pytest.mark.parametrize("size", [(1440, 900), (390, 844)])
+def test_the_first_screen_shows_a_finished_run(app_url, page, size):
+    """With no click, within 3 s of load: a finished run (the shipped recorded one, or a cached
+    example's) with its tree's nodes and the speculative reply inside the first viewport; at 1440x900
+    both replies and the race too. Screenshots go to assets/screenshot-first-<width>.png."""
+    import time
+
+    url, _ = app_url
+    width, height = size
+    context = page.context.browser.new_context(viewport={"width": width, "height": height})
+    try:
+        pg = context.new_page()
+        start = time.monotonic()
+        pg.goto(url, wait_until="load")
+        pg.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+        took = time.monotonic() - start
+        pg.wait_for_timeout(300)
+        seen = pg.evaluate(FIRST_SCREEN)
+        pg.screenshot(path=str(SCREENSHOT.with_name(f"screenshot-first-{width}.png")))
+        prompt = pg.locator("#prompt textarea").input_value()
+    finally:
+        context.close()
+    assert took <= 3.0, took
+    assert prompt.strip()  # the run's prompt is in the box: Run decodes it here
+    inside = lambda b: b and 0 <= b["t"] and b["b"] <= seen["h"] and b["r"] <= seen["w"] + 1  # noqa: E731
+    assert len(seen["nodes"]) >= 3 and all(inside(n) for n in seen["nodes"]), seen
+    assert inside(seen["reply"]), seen
+    if width >= 1024:
+        assert inside(seen["spec"]) and inside(seen["race"]), seen
+
+
+STAGE = """() => ({state: window.feStage.state(), say: document.querySelector('#stage .fe-stage-say').innerText,
+    shown: document.querySelectorAll('#stage .fe-stage-tree g.fe-n:not(.fe-hide)').length,
+    all: document.querySelectorAll('#stage .fe-stage-tree g.fe-n').length,
+    marks: Array.from(document.querySelectorAll('#stage .fe-stage-tree g.fe-n text'), t => t.textContent),
+    slider: document.querySelector('#step-slider input[type=number]').value})"""
+
+
+def test_the_stage_plays_each_step_in_phases(app_url, page):
+    """The stage's arrows walk a step's five phases in order and on into the next step, which the
+    page's slider follows; the walk marks every judged node (✓ ✗ ○), not by colour alone; with the
+    browser's reduce-motion setting the draft shows whole at once."""
+    url, _ = app_url
+    page.emulate_media(reduced_motion="reduce")
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    start = page.evaluate(STAGE)["state"]
+    page.evaluate("() => window.feStage.goto(window.feStage.best(), 0)")
+    page.wait_for_timeout(200)
+    draft = page.evaluate(STAGE)
+    assert draft["state"]["phase"] == 0 and draft["say"].startswith("1 ·") and draft["shown"] == draft["all"]
+    said = [draft["say"][:1]]
+    for _ in range(4):
+        page.locator("#stage button[data-go='1']").click()
+        page.wait_for_timeout(150)
+        said.append(page.evaluate(STAGE)["say"][:1])
+    assert said == ["1", "2", "3", "4", "5"]
+    end = page.evaluate(STAGE)
+    assert "✓" in end["marks"] and ({"✗", "○"} & set(end["marks"]) or end["marks"].count("✓") >= 1)
+    page.locator("#stage button[data-go='1']").click()  # past the bonus: the next step's draft
+    page.wait_for_function("(s) => window.feStage.state().step === s + 1", arg=end["state"]["step"])
+    page.wait_for_function("(s) => document.querySelector('#step-slider input[type=number]').value === String(s + 1)",
+                           arg=end["state"]["step"])
+    page.locator("#stage button[data-go='-1']").click()
+    assert page.evaluate(STAGE)["state"] == {**end["state"], "phase": 4}
+    assert start["kind"] in ("cascade", "eagle3", "lookup")
+
+
+def test_the_tour_walks_every_card(app_url, page):
+    """The tour opens from its button, highlights a part of the page on every card, asks for a
+    prediction (a tap on the stage's tree, answered right or wrong) and ends in the prompt box.
+    Screenshots of a card: assets/screenshot-tour.png (desktop) and the projector's."""
+    from fasteagle.app.tour import CARDS
+
+    url, _ = app_url
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    page.locator("#tour-btn").click()
+    for i, card in enumerate(CARDS):
+        page.wait_for_function("(i) => document.querySelector('#fe-tour')?.dataset.card === String(i)", arg=i)
+        assert page.locator(".fe-tour-spot").count() == 1, card.title
+        assert card.title in page.locator("#fe-tour h3").inner_text()
+        if card.phase is not None:
+            assert page.evaluate("() => window.feStage.state().phase") in (card.phase, 2 if card.predict else -1)
+        if card.predict:
+            page.wait_for_selector("#stage g.fe-pick")
+            page.keyboard.press("Tab")  # the keyboard reaches the pickable nodes too
+            page.locator("#stage g.fe-pick").first.click()
+            verdict = page.locator("#fe-tour .fe-tour-verdict").inner_text()
+            assert verdict.startswith("✓") or verdict.startswith("✗")
+        if i == 1:
+            page.screenshot(path=str(SCREENSHOT.with_name("screenshot-tour.png")))
+        page.locator("#fe-tour .fe-tour-next").click()
+    assert page.locator("#fe-tour").count() == 0  # done closes it
+    assert page.evaluate("() => document.activeElement === document.querySelector('#prompt textarea')")
+    page.locator("#tour-btn").click()
+    page.wait_for_selector("#fe-tour")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#fe-tour", state="detached")
+
+
+def test_the_projector_shows_tree_reply_and_replay_controls_at_once(app_url, page):
+    """Presentation mode at 1920x1080 with the first screen's run: the stage's tree, its replay slider
+    and both replies inside the viewport, the settings hidden."""
+    url, _ = app_url
+    context = page.context.browser.new_context(viewport={"width": 1920, "height": 1080})
+    try:
+        pg = context.new_page()
+        pg.goto(url, wait_until="load")
+        pg.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+        pg.locator("#present input[type=checkbox]").check()
+        pg.wait_for_function("() => document.body.classList.contains('fe-present')")
+        pg.evaluate("() => document.querySelector('#stage').scrollIntoView({block: 'start'})")
+        pg.wait_for_timeout(400)
+        boxes = {s: _box(pg, s) for s in ("#stage .fe-stage-tree", "#stage .fe-stage-steps", "#spec-reply",
+                                          "#vanilla-reply")}
+        pg.screenshot(path=str(SCREENSHOT.with_name("screenshot-present-1920.png")))
+        hidden = not pg.locator("#settings-rest").is_visible()
+    finally:
+        context.close()
+    assert hidden
+    for name, b in boxes.items():
+        assert 0 <= b["t"] and b["b"] <= 1080, (name, b)

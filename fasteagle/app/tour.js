@@ -1,0 +1,67 @@
+// The guided tour's script (fasteagle/app/tour.py puts CARDS before it): each card highlights a part of
+// the page and moves the stage (viz/stage.js, window.feStage) to its phase; Esc or × closes it.
+let at = -1, box = null, spot = null, answered = false;
+const q = (s) => document.querySelector(s);
+function close() {
+  if (spot) spot.classList.remove('fe-tour-spot');
+  if (box) box.remove();
+  box = spot = null; at = -1;
+  if (window.feStage) window.feStage.predict(null);
+  document.removeEventListener('keydown', onKey, true);
+}
+function onKey(e) { if (e.key === 'Escape') { e.preventDefault(); close(); } }
+function place(target) {  // beside the highlighted part: below it if there is room, else above, else at the bottom
+  const r = target.getBoundingClientRect(), h = box.offsetHeight, w = box.offsetWidth;
+  const vh = window.innerHeight, vw = window.innerWidth;
+  let top = r.bottom + 10 + h < vh ? r.bottom + 10 : (r.top - 10 - h > 0 ? r.top - 10 - h : vh - h - 12);
+  box.style.top = Math.max(8, top) + 'px';
+  box.style.left = Math.max(8, Math.min(r.left, vw - w - 12)) + 'px';
+}
+function show(i) {
+  at = i; answered = false;
+  const c = CARDS[i];
+  if (spot) spot.classList.remove('fe-tour-spot');
+  spot = q(c.target) || q('#stage');
+  const st = window.feStage;
+  if (st && c.phase !== null) {
+    const here = st.state();
+    if (i === 1 || here.step === null || here.step === 0) st.goto(st.best(), c.phase); else st.phase(c.phase);
+  }
+  if (spot) {
+    spot.classList.add('fe-tour-spot');
+    spot.scrollIntoView({block: 'nearest', behavior: matchMedia('(prefers-reduced-motion: reduce)').matches ? 'auto' : 'smooth'});
+  }
+  if (!box) {
+    box = document.createElement('div');
+    box.id = 'fe-tour';
+    box.setAttribute('role', 'dialog');
+    box.setAttribute('aria-live', 'polite');
+    document.body.appendChild(box);
+    document.addEventListener('keydown', onKey, true);
+  }
+  const last = i === CARDS.length - 1;
+  box.dataset.card = String(i);
+  box.innerHTML = `<h3>${c.title}</h3><div>${c.text}</div><div class="fe-tour-verdict"></div>` +
+    `<div class="fe-tour-bar"><button type="button" class="fe-tour-back" ${i ? '' : 'disabled'}>back</button>` +
+    `<button type="button" class="fe-tour-next">${last ? 'done' : c.predict ? 'skip' : 'next'}</button>` +
+    `<button type="button" class="fe-tour-close" aria-label="close the tour">×</button>` +
+    `<span class="fe-tour-count">${i + 1} / ${CARDS.length}</span></div>`;
+  box.querySelector('.fe-tour-back').onclick = () => show(Math.max(0, at - 1));
+  box.querySelector('.fe-tour-next').onclick = () => (last ? close() : show(at + 1));
+  box.querySelector('.fe-tour-close').onclick = close;
+  if (c.predict && st) {
+    st.predict((node, survived) => {
+      answered = true;
+      st.phase(2);
+      box.querySelector('.fe-tour-verdict').textContent = survived
+        ? '✓ Right: the target agreed with that branch.' : '✗ Not this time: watch which one survives.';
+      const nxt = box.querySelector('.fe-tour-next');
+      nxt.textContent = 'next';
+      nxt.focus();
+    });
+  }
+  requestAnimationFrame(() => { if (spot && box) place(spot); });
+  if (c.focus && spot) { const f = spot.querySelector('textarea, input'); if (f) f.focus(); }
+  else box.querySelector('.fe-tour-next').focus();
+}
+window.feTour = {start: () => show(0), close, at: () => at, cards: CARDS.length};
