@@ -104,7 +104,7 @@ def device_text(target: Target) -> str:
 
 
 # -- the layout -----------------------------------------------------------------------------------
-def layout(engine: Engine) -> UI:
+def layout(engine: Engine, first: tuple[str, str] = ("", "")) -> UI:
     """Every component, in page order (inside a gr.Blocks): the title and presentation mode, a warning
     when FastEagle has no drafter, the settings beside the replies and the tree, the run's charts, the
     comparison of all methods, the trace file buttons and the explainer."""
@@ -123,9 +123,9 @@ def layout(engine: Engine) -> UI:
     # the prompt and Run, the run, then the rest
     with gr.Row(elem_id="main"):
         with gr.Column(min_width=280, elem_id="settings-col"):
-            settings = _prompt_and_run()
+            settings = _prompt_and_run(first[0])
         with gr.Column(min_width=280, elem_id="run-col"):
-            shown = _run_view()
+            shown = _run_view(first[1])
         with gr.Column(min_width=280, elem_id="settings-rest"):
             settings |= _settings(engine, settings["prompt"])
     summary = gr.Markdown("", elem_id="summary")
@@ -159,9 +159,9 @@ def _compare_view() -> dict[str, Any]:
     return {"compare_box": box, "compare_status": status, "compare_table": table, "compare_plot": plot}
 
 
-def _prompt_and_run() -> dict[str, Any]:
-    """The prompt with Run (and All methods) right under it."""
-    prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
+def _prompt_and_run(value: str = "") -> dict[str, Any]:
+    """The prompt (holding `value`) with Run (and All methods) right under it."""
+    prompt = gr.Textbox(value, label="Prompt", lines=3, max_lines=12, elem_id="prompt",
                         placeholder="Ask something, or pick an example below")
     with gr.Row():
         run_btn = gr.Button("Run", variant="primary", elem_id="run", scale=2, min_width=100)
@@ -208,11 +208,12 @@ def _settings(engine: Engine, prompt: gr.Textbox) -> dict[str, Any]:
             "tree_shape": tree_shape, "seed": seed}
 
 
-def _run_view() -> dict[str, Any]:
+def _run_view(stage_value: str = "") -> dict[str, Any]:
     """The right column: the stage (the step on screen in phases, the hero picture), both replies with
     their stats, the badge, the race strip, the replies played at their measured speeds, then the tree in
     detail with its step controls (the short explainer beside it in presentation mode)."""
-    stage = gr.HTML(viz.stage_html(None), js_on_load=viz.STAGE_JS, elem_id="stage", container=True, padding=True)
+    stage = gr.HTML(stage_value or viz.stage_html(None), js_on_load=viz.STAGE_JS, elem_id="stage", container=True,
+                    padding=True)
     with gr.Row(equal_height=False):
         with gr.Column():
             spec_stats = gr.Markdown("**speculative** · not run yet", elem_id="spec-stats", elem_classes="stats")
@@ -344,12 +345,12 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
     turns = Turns()
     cache = ExampleCache(engine, turns, Path(examples)) if examples is not None else None
     with gr.Blocks(title="FastEagle: speculative decoding, step by step") as demo:
-        ui = layout(engine)
+        # the first screen's prompt and stage are in the page itself: drawn before any event answers
+        ui = layout(engine, Handlers.first_screen(engine, cache))
         handlers = Handlers(engine, ui, precompute, turns, cache, _decode_both_gpu)
         connect(ui, handlers)
         # the first screen: a finished run (an example's from the cache, else the recorded one shipped)
-        demo.load(handlers.on_first, [ui.present_state], [ui.prompt, *ui.outputs], api_name=False,
-                  show_progress="hidden")
+        demo.load(handlers.on_first, [ui.present_state], ui.outputs, api_name=False, show_progress="hidden")
     demo.queue(default_concurrency_limit=1)
     if cache is not None and spaces is None:
         cache.start()

@@ -186,7 +186,8 @@ def test_the_first_screen_is_a_finished_run_without_a_decode(smollm, tmp_path, m
     calls = []
     monkeypatch.setattr(type(app.ENGINE), "decode_both", lambda *a, **k: calls.append(a))
     upd = handlers.on_first(False)
-    assert upd[handlers.ui.prompt] == meta["prompt"] and upd[handlers.ui.run_state]["meta"] == meta
+    prompt, stage = handlers.first_screen(app.ENGINE, None)
+    assert prompt == meta["prompt"] and upd[handlers.ui.run_state]["meta"] == meta and "data-run" in stage
     assert "recorded run" in upd[handlers.ui.summary] and meta["machine"] in upd[handlers.ui.summary]
     assert not calls
 

@@ -4,7 +4,8 @@
 // and the stage follow each other. `window.feStage` is what the tour (fasteagle/app/tour.js) drives.
 const NS = 'http://www.w3.org/2000/svg';
 const reduce = window.matchMedia && window.matchMedia('(prefers-reduced-motion: reduce)').matches;
-const S = {run: null, i: 0, phase: 4, sub: 99, timer: 0, playing: false, pick: null};
+// sent: the steps the stage gave the page's slider, whose echoes (the slider's change events) it ignores
+const S = {run: null, i: 0, phase: 4, sub: 99, timer: 0, playing: false, pick: null, sent: new Set()};
 const el = (tag, attrs, parent) => {
   const e = document.createElementNS(NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
@@ -161,7 +162,7 @@ function draw() {
     el('path', {d: `M${X(st.dep[last])},${by} H${bx}`, stroke: '#0072B2', 'stroke-dasharray': '4 3', fill: 'none'}, svg);
     const g = el('g', {transform: `translate(${bx},${by})`, class: 'fe-n'}, svg);
     el('polygon', {points: star(9), fill: st.bk === 'resampled' ? '#CC79A7' : '#0072B2'}, g);
-    el('text', {x: 11, y: -8}, g).textContent = `${st.bonus} (${st.bk})`;
+    el('text', {x: 11, y: -8}, g).textContent = st.bk === 'resampled' ? `${st.bonus} (resampled)` : st.bonus;
   }
   const drafts = st.emit.filter((_, j) => st.kinds[j] === 'draft').join('');
   const last = st.emit.length && st.kinds[st.emit.length - 1] !== 'draft' ? st.emit[st.emit.length - 1] : '';
@@ -204,6 +205,7 @@ function esc(s) { return s.replace(/[&<>]/g, (c) => ({'&': '&amp;', '<': '&lt;',
 function toSlider(i) {  // the page's step slider follows the stage (its change event redraws the detail tree)
   const s = slider();
   if (!s || Number(s.value) === i) return;
+  S.sent.add(i);
   s.value = String(i);
   s.dispatchEvent(new Event('input', {bubbles: true}));
   s.dispatchEvent(new Event('change', {bubbles: true}));
@@ -267,6 +269,7 @@ function load() {
   play(false);
   const r = root();
   S.run = r ? JSON.parse(r.dataset.run) : null;
+  S.sent.clear();
   if (!S.run) return;
   const s = slider();
   const want = s ? Number(s.value) : 0;
@@ -294,10 +297,14 @@ element.addEventListener('keydown', (e) => {
   if (e.key === 'ArrowLeft') { e.preventDefault(); play(false); move(-1); }
 });
 window.feStage = {
-  goto: (step, phase = 4) => {  // the slider moved (or the tour): show that step
+  goto: (step, phase) => {  // the slider moved (no phase: the step's end) or the tour (a phase)
     if (!S.run) return;
+    if (phase === undefined && S.sent.delete(Number(step))) return;  // the echo of a step the stage sent
     const at = S.run.steps.findIndex((x) => x.s === Number(step));
-    if (at >= 0 && (at !== S.i || phase !== S.phase)) { play(false); setStep(at, phase); }
+    if (at >= 0 && (at !== S.i || (phase !== undefined && phase !== S.phase))) {
+      play(false);
+      setStep(at, phase === undefined ? 4 : phase);
+    }
   },
   phase: (p) => { if (S.run && S.run.steps[S.i].tok) { play(false); setStep(S.i, p); } },
   predict: (done) => { S.pick = done; draw(); },

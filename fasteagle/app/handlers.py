@@ -167,25 +167,33 @@ class Handlers(Screen):
             restored = self.finish(previous, self._labeler(previous), style) if previous else {}
             yield restored | {ui.badge: f'<div class="badge bad">{html.escape(msg)}</div>'}
 
-    # the page's first screen: a finished run with its prompt, without a click or a decode (the first
-    # example's cached run, else the recorded one shipped with the app; nothing when neither exists)
+    # the page's first screen: a finished run, without a click or a decode (the first example's cached
+    # run, else the recorded one shipped with the app; nothing when neither exists). Its prompt and stage
+    # are in the page as built (`first_screen`); this event sends the other outputs.
     def on_first(self, present=False):
         ui = self.ui
-        keep = {c: gr.skip() for c in [ui.prompt, *ui.outputs]}
+        keep = {c: gr.skip() for c in ui.outputs}
+        run = first_run(self.engine, self.examples)
+        if run is None:
+            return keep
         try:
-            run = None
-            if self.examples is not None:
-                run = self.examples.get(self.examples.defaults(EXAMPLES[0], self.engine.available[0].label))
-            run = run or recorded_run(self.engine)
-            if run is None:
-                return keep
             upd = self.replay(run, style_for(present))
-            if (run.get("meta") or {}).get("recorded"):
-                upd[ui.summary] = recorded_note(run["meta"]) + upd[ui.summary].split("\n\n", 1)[-1]
-            return keep | upd | {ui.prompt: (run.get("meta") or {}).get("prompt", "")}
         except Exception:  # the page still opens, on its empty form
             log.exception("the first screen's run could not be drawn")
             return keep
+        if (run.get("meta") or {}).get("recorded"):
+            upd[ui.summary] = recorded_note(run["meta"]) + upd[ui.summary].split("\n\n", 1)[-1]
+        return keep | upd
+
+    @staticmethod
+    def first_screen(engine: Engine, examples: ExampleCache | None) -> tuple[str, str]:
+        """(prompt, stage HTML) of the run the page opens on, ("", "") without one."""
+        run = first_run(engine, examples)
+        if run is None:
+            return "", ""
+        table = run.get("token_labels") or {}
+        label = lambda ids: "".join(table[i] if i in table else engine.label(i) for i in ids)  # noqa: E731
+        return (run.get("meta") or {}).get("prompt", ""), viz.stage_html(run, label)
 
     def replay(self, run: dict, style: viz.TreeStyle) -> dict:
         """A stored example run on screen at once, as a finished run; its file is the download. Its
@@ -301,6 +309,15 @@ class Handlers(Screen):
             return gr.skip()
         return PAPER_BUDGET if size == "paper" else default_budget(key, self.engine.target.device.type == "cuda")
 
+
+
+def first_run(engine: Engine, examples: ExampleCache | None) -> dict | None:
+    """The run the page opens on: the first example's, by the default method, from the cache, else the
+    shipped recorded run (when it is this target's)."""
+    run = None
+    if examples is not None:
+        run = examples.get(examples.defaults(EXAMPLES[0], engine.available[0].label))
+    return run or recorded_run(engine)
 
 
 def _animate(result):

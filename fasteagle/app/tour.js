@@ -47,7 +47,12 @@ function show(i) {
     `<button type="button" class="fe-tour-close" aria-label="close the tour">×</button>` +
     `<span class="fe-tour-count">${i + 1} / ${CARDS.length}</span></div>`;
   box.querySelector('.fe-tour-back').onclick = () => show(Math.max(0, at - 1));
-  box.querySelector('.fe-tour-next').onclick = () => (last ? close() : show(at + 1));
+  box.querySelector('.fe-tour-next').onclick = () => {
+    if (!last) { show(at + 1); return; }
+    close();  // the learner's turn: the keyboard in the prompt box
+    const f = q(c.target) && q(c.target).querySelector('textarea, input');
+    if (f) f.focus();
+  };
   box.querySelector('.fe-tour-close').onclick = close;
   if (c.predict && st) {
     st.predict((node, survived) => {
