@@ -51,15 +51,16 @@ function passes(st, run) {  // the drafter's forwards on one time axis, then the
                                             ms, '#E69F00']));
   }
   rows.push([`verify: ${st.tok.length} nodes`, st.vms, '#0072B2']);
-  const most = Math.max(...rows.map((r) => r[1]), 1e-6);
+  // one time axis: each forward starts where the one before it ended (a Gantt chart of the step)
+  const total = Math.max(rows.reduce((t, r) => t + r[1], 0), 1e-6);
   let t = 0;
   for (const [name, ms, color] of rows) {
     const r = document.createElement('div');
     r.className = 'fe-pass-row';
-    const w = 100 * ms / most;
-    r.innerHTML = `<span class="fe-pass-name">${name}</span>` +
-      `<span class="fe-pass-bar" style="width:calc(${w.toFixed(1)}% * 0.55);background:${color}"></span>` +
-      `<span>${ms >= 0.1 ? ms.toFixed(1) + ' ms' : ''}</span>`;
+    r.innerHTML = `<span class="fe-pass-name">${name}</span><span class="fe-pass-track">` +
+      `<span class="fe-pass-bar" style="margin-left:${(100 * t / total).toFixed(2)}%;` +
+      `width:${Math.max(100 * ms / total, 0.4).toFixed(2)}%;background:${color}"></span></span>` +
+      `<span class="fe-pass-ms">${ms >= 0.1 ? ms.toFixed(1) + ' ms' : ''}</span>`;
     box.appendChild(r);
     t += ms;
   }
@@ -67,12 +68,12 @@ function passes(st, run) {  // the drafter's forwards on one time axis, then the
     const lay = document.createElement('div');
     lay.className = 'fe-layers';
     lay.innerHTML = '<span>layers → depths:</span>' + st.top.map((cands, d) =>
-      `<span class="fe-layer" data-depth="${d + 1}">L${d + 1}: ` +
+      `<span class="fe-layer" tabindex="0" data-depth="${d + 1}">L${d + 1}: ` +
       cands.map(([t, p]) => `${t} ${(100 * p).toFixed(0)}%`).join(' · ') + '</span>').join('');
     box.appendChild(lay);
     lay.querySelectorAll('.fe-layer').forEach((x) => {
-      x.addEventListener('mouseenter', () => hl(Number(x.dataset.depth)));
-      x.addEventListener('mouseleave', () => hl(0));
+      for (const on of ['mouseenter', 'focus']) x.addEventListener(on, () => hl(Number(x.dataset.depth)));
+      for (const off of ['mouseleave', 'blur']) x.addEventListener(off, () => hl(0));
     });
   }
 }

@@ -124,10 +124,12 @@ STAGE_CSS = """
 .fe-passes { font-size:85%; }
 .fe-pass-row { display:flex; align-items:center; gap:6px; margin:2px 0; }
 .fe-pass-name { width:9.5em; flex:none; text-align:right; }
-.fe-pass-bar { height:14px; border-radius:3px; flex:none; min-width:2px; }
+.fe-pass-track { flex:1; min-width:0; }
+.fe-pass-bar { display:block; height:14px; border-radius:3px; min-width:2px; }
+.fe-pass-ms { width:5em; flex:none; }
 .fe-layers { display:flex; flex-wrap:wrap; gap:4px 10px; margin-top:3px; }
 .fe-layer { border:1px solid #dde3ea; border-radius:5px; padding:1px 5px; cursor:default; }
-.fe-layer.fe-hl, .fe-layer:hover { border-color:#0072B2; background:#eef4fb; }
+.fe-layer.fe-hl, .fe-layer:hover, .fe-layer:focus-visible { border-color:#0072B2; background:#eef4fb; }
 @media (prefers-reduced-motion: reduce) { .fe-stage-tree .fe-n { transition:none; } }
 body.fe-present .fe-stage-tree text { font-size:18px; }
 body.fe-present .fe-stage-tree circle { transform:scale(1.35); }

@@ -3,6 +3,12 @@ prompts, the rest on fresh chat prompts, and the closing note says what each kin
 
     python -m fasteagle.app.loadtest --out bench/results/cpu-app-load-30.json   # starts `python app.py`
     python -m fasteagle.app.loadtest --url http://127.0.0.1:7860/                # an app already running
+    python -m fasteagle.app.loadtest --first-run 3 --out bench/results/cpu-app-first-run.json
+
+`--first-run N`: N fresh starts, each with the example cache emptied; one page runs a fresh prompt as
+soon as the app answers (the first run a Space's visitor sees, while the cache would fill), then, once
+the cache is complete, the same prompt again on the idle app. Each run's wall-clock speed-up is read
+from its summary; the medians are compared.
 
 Bounded on purpose: at most 64 clients, every request and the whole run under `--timeout` seconds,
 and only an app on this machine (localhost). Without --url it starts the app on a free port, waits
@@ -20,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -39,7 +47,7 @@ from fasteagle.methods import default_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_CLIENTS = 64
-TREE, BADGE = 5, 4  # /run's outputs: the tree figure and the badge (app.UI.outputs)
+TREE, BADGE, SUMMARY = 5, 4, 8  # /run's outputs: the tree figure, the badge, the summary (app.UI.outputs)
 
 
 def fresh_prompts(n: int, path: Path = ROOT / "assets/prompts/sharegpt_holdout.jsonl") -> list[str]:
@@ -87,6 +95,9 @@ def one_page(url: str, args: list, timeout: float, http: httpx.Client | None = N
         sampled = 'data-identical="false"' in badge and "badge info" in badge  # sampling: replies may differ
         out["ok"] = 'data-identical="true"' in badge or 'data-identical="skipped"' in badge or sampled
         out["vanilla"] = "skipped" if "skipped" in badge else "decoded"
+        summary = str(frame[SUMMARY]) if len(frame) > SUMMARY else ""
+        found = re.search(r"Speed-up: ([0-9.]+)×", summary)
+        out["speedup"] = float(found.group(1)) if found else None
         if not out["ok"]:
             out["error"] = f"no finished run: {badge[:200]}"
     except Exception as exc:  # a failed page is a result, not a crash of the test
@@ -144,12 +155,12 @@ def start_app(port: int, log_path: Path) -> subprocess.Popen:
                             stdout=log_path.open("w"), stderr=subprocess.STDOUT)
 
 
-def wait_ready(url: str, log_path: Path, timeout: float) -> None:
-    """Until the app answers and its log says the example cache is complete."""
+def wait_ready(url: str, log_path: Path, timeout: float, cache: bool = True) -> None:
+    """Until the app answers and (`cache`) its log says the example cache is complete."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         text = log_path.read_text() if log_path.exists() else ""
-        if "example cache: complete" in text:
+        if "example cache: complete" in text or not cache:
             try:
                 httpx.get(url + "config", timeout=5).raise_for_status()
                 return
@@ -168,6 +179,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=default_max_new(False))
     p.add_argument("--timeout", type=float, default=900, help="seconds for the start-up, and for the burst")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--first-run", type=int, default=0, metavar="N",
+                   help="instead of a burst: N fresh starts, the first run against the idle app's (see above)")
     args = p.parse_args(argv)
     if not 1 <= args.clients <= MAX_CLIENTS or not 0 <= args.examples <= args.clients:
         raise FastEagleError(f"--clients must be 1..{MAX_CLIENTS} and --examples 0..--clients")
@@ -177,7 +190,52 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(lambda: _main(parse(argv)))
+    args = parse(argv)
+    return run_command(lambda: first_runs(args) if args.first_run else _main(args))
+
+
+def first_runs(args: argparse.Namespace) -> int:
+    """The first run after each of `args.first_run` fresh starts (example cache emptied) against the
+    same prompt on the idle app once its cache is complete: their speed-ups, and the medians' ratio."""
+    from fasteagle.paths import cache_dir
+
+    prompt = fresh_prompts(1)[0]
+    run = run_args(prompt, 0.0, args.method, args.max_new_tokens)
+    rows = []
+    for i in range(args.first_run):
+        shutil.rmtree(cache_dir() / "app-examples", ignore_errors=True)  # the cache empty, as on a wiped Space
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fasteagle-firstrun-{port}.log"
+        server, url = start_app(port, log_path), f"http://127.0.0.1:{port}/"
+        try:
+            wait_ready(url, log_path, args.timeout, cache=False)
+            first = one_page(url, run, args.timeout)
+            wait_ready(url, log_path, args.timeout)
+            idle = one_page(url, run, args.timeout)
+        finally:
+            server.terminate()
+            server.wait(30)
+        rows.append({"start": i, "first": first, "idle": idle})
+        print(f"start {i + 1}: first run {first.get('speedup')}x, idle {idle.get('speedup')}x "
+              f"(last frame {first.get('last_frame_s') or 0:.1f} s / {idle.get('last_frame_s') or 0:.1f} s)")
+    ok = [r for r in rows if r["first"].get("speedup") and r["idle"].get("speedup")]
+    if not ok:
+        raise FastEagleError("no start gave both speed-ups (see the app logs in $TMPDIR)")
+    med_first = statistics.median(r["first"]["speedup"] for r in ok)
+    med_idle = statistics.median(r["idle"]["speedup"] for r in ok)
+    print(f"median speed-up: first run after a fresh start {med_first:.2f}x, idle {med_idle:.2f}x "
+          f"(ratio {med_first / med_idle:.3f}, {len(ok)} starts, {args.method}, {args.max_new_tokens} tokens)")
+    if args.out:
+        files.write_text(args.out, json.dumps({
+            "command": "python -m fasteagle.app.loadtest " + " ".join(sys.argv[1:]),
+            "summary": {"first_speedup_median": med_first, "idle_speedup_median": med_idle,
+                        "ratio": med_first / med_idle, "starts": len(ok)},
+            "settings": {"method": args.method, "max_new_tokens": args.max_new_tokens, "prompt": prompt,
+                         "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+            "starts": rows}, indent=1) + "\n")
+    return 0
 
 
 def _main(args: argparse.Namespace) -> int:

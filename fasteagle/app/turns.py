@@ -36,7 +36,8 @@ class Turns:
     def __init__(self):
         self._cond = threading.Condition()
         self._line: list[Ticket] = []  # _line[0] holds the decoder once started
-        self._page_left = float("-inf")  # time.monotonic() when a page's turn last ended
+        self._page_left = time.monotonic()  # when a page's turn last ended (at first: the start, so that
+        # background work also leaves the first moments after a start to the first pages)
 
     def join(self, estimate_s: float, background: bool = False) -> Ticket:
         t = Ticket(max(float(estimate_s), 0.0), background)

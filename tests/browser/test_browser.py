@@ -88,6 +88,14 @@ def _set_step(page, step: int) -> None:
         "(s) => (document.querySelector('#step-info')?.innerText || '').includes('Step ' + s + ' of')", arg=step)
 
 
+def _run(page) -> None:
+    """Press Run and wait for the run's end: the badge of the run on screen (the first screen's, at
+    first) goes while it decodes, and the new run's comes back."""
+    page.locator("#run").click()
+    page.wait_for_selector("#identical-badge [data-identical]", state="detached", timeout=60_000)
+    page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+
+
 def _advanced(page) -> None:
     """Open "Advanced settings" (the settings below the method and the examples), unless it is open."""
     if not page.locator("#max-new").is_visible():
@@ -122,11 +130,9 @@ def test_run_and_replay_in_a_browser(app_url, page):
     num = page.locator("#max-new input[type=number]")
     num.fill(str(MAX_NEW))
     num.press("Enter")
-    page.locator("#run").click()
-
     # The end of the run: the badge compares both outputs.
     try:
-        page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+        _run(page)
     except sync_api.TimeoutError:
         page.screenshot(path=str(Path(os.environ.get("TMPDIR", "/tmp")) / "fasteagle-browser-failure.png"),
                         full_page=True)
@@ -218,8 +224,7 @@ def run_lookup(page, url: str | None, max_new: int, present: bool = False) -> No
         page.wait_for_function("() => document.body.classList.contains('fe-present')")
         page.evaluate("() => window.scrollTo(0, 0)")
     page.locator("#prompt textarea").fill(PROMPT)
-    page.locator("#run").click()
-    page.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+    _run(page)
     page.wait_for_selector("#tree-plot .js-plotly-plot .scatterlayer")
 
 
@@ -338,6 +343,7 @@ def test_an_example_sets_the_prompt_and_the_temperature(app_url, page):
     sampled = next(e for e in app.EXAMPLES if e.temperature > 0)
     page.get_by_text(sampled.label, exact=True).first.click()
     page.wait_for_function("(p) => document.querySelector('#prompt textarea').value === p", arg=sampled.prompt)
+    _advanced(page)
     page.wait_for_function("(t) => Number(document.querySelector('#temperature input[type=number]').value) === t",
                            arg=sampled.temperature)
 
@@ -410,7 +416,7 @@ def test_presentation_mode(app_url, page):
     page.wait_for_function("() => !document.body.classList.contains('fe-present')")
     run_lookup(page, None, 12, present=True)
     stage = _box(page, "#stage")
-    assert 0 <= stage["t"] < page.viewport_size["height"] / 2, stage  # scrolled to the stage
+    assert -2 <= stage["t"] < page.viewport_size["height"] / 2, stage  # scrolled to the stage
     assert not page.locator("#settings-rest").is_visible() and page.locator("#run").is_visible()
     sizes = page.evaluate("""() => { const p = document.querySelector('#tree-plot .js-plotly-plot');
         return [p.layout.title.font.size, p.data.find(t => t.name === 'accepted').textfont.size]; }""")
@@ -460,8 +466,7 @@ def test_presentation_mode_fits_a_projector(app_url, page, size):
         num.press("Enter")
         pg.locator("#present input[type=checkbox]").check()  # it hides the settings made above
         pg.wait_for_function("() => document.body.classList.contains('fe-present')")
-        pg.locator("#run").click()
-        pg.wait_for_selector("#identical-badge [data-identical]", timeout=180_000)
+        _run(pg)
         pg.wait_for_function(f"() => document.querySelector('#tree-plot .js-plotly-plot')?.layout?.title?.font?.size"
                              f" === {app.viz.LARGE.title_px}")
         seen = []
