@@ -160,6 +160,11 @@ def test_the_load_test_stays_on_this_machine_and_reports_what_pages_saw():
         loadtest.parse(["--url", "http://example.com:7860/"])
     with pytest.raises(FastEagleError, match="clients"):
         loadtest.parse(["--clients", str(loadtest.MAX_CLIENTS + 1)])
+    from fasteagle.app.text import summary_markdown
+
+    side = {k: 1.0 for k in ("tokens", "forwards", "tau", "wall_s", "prefill_ms", "draft_ms", "verify_ms", "other_ms")}
+    table = summary_markdown("FastEagle", side | {"tokens_per_s": 25.0}, side | {"tokens_per_s": 20.0})
+    assert loadtest.speedup_of(table) == 1.25 and loadtest.speedup_of("no run") is None
     assert not loadtest.has_tree([None] * 5 + [{"type": "plotly", "plot": json.dumps({"data": []})}])
     assert loadtest.has_tree([None] * 5 + [{"type": "plotly", "plot": json.dumps({"data": [{"x": [0]}]})}])
     pages = ([{"kind": "example", "ok": True, "first_tree_s": t, "vanilla": "decoded"} for t in (0.2, 0.9)]

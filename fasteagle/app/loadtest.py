@@ -95,9 +95,7 @@ def one_page(url: str, args: list, timeout: float, http: httpx.Client | None = N
         sampled = 'data-identical="false"' in badge and "badge info" in badge  # sampling: replies may differ
         out["ok"] = 'data-identical="true"' in badge or 'data-identical="skipped"' in badge or sampled
         out["vanilla"] = "skipped" if "skipped" in badge else "decoded"
-        summary = str(frame[SUMMARY]) if len(frame) > SUMMARY else ""
-        found = re.search(r"Speed-up: ([0-9.]+)×", summary)
-        out["speedup"] = float(found.group(1)) if found else None
+        out["speedup"] = speedup_of(str(frame[SUMMARY]) if len(frame) > SUMMARY else "")
         if not out["ok"]:
             out["error"] = f"no finished run: {badge[:200]}"
     except Exception as exc:  # a failed page is a result, not a crash of the test
@@ -106,6 +104,12 @@ def one_page(url: str, args: list, timeout: float, http: httpx.Client | None = N
         if own:
             http.close()
     return out
+
+
+def speedup_of(summary: str) -> float | None:
+    """The wall-clock speed-up a run's summary (app.text.summary_markdown) states, None if it states none."""
+    found = re.search(r"Speed-up: \**([0-9.]+)×", summary)
+    return float(found.group(1)) if found else None
 
 
 def burst(url: str, pages: list[tuple[str, list]], timeout: float) -> list[dict]:
