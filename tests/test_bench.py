@@ -147,8 +147,11 @@ def test_every_method_is_summarised(doc):
 def test_each_request_is_split_into_prefill_and_decode(doc):
     m = doc["methods"]
     assert "prefill_s" not in m["hf-generate"]  # generate's prefill is not seen from outside
-    for name in ("vanilla", "lookup"):  # the decode alone runs faster than the whole request
-        assert m[name]["prefill_s"] > 0 and m[name]["decode_tokens_per_s"] > m[name]["tokens_per_s"]
+    for name in ("vanilla", "lookup"):  # the tokens after the prefill's over the time after it, pooled
+        rows = doc["rows"][name]
+        want = sum(r["n"] - 1 for r in rows) / sum(r["wall_s"] - r["prefill_ms"] / 1e3 for r in rows)
+        # (the tiny target's prefill costs about one step, so its decode alone is not faster than the request)
+        assert m[name]["prefill_s"] > 0 and m[name]["decode_tokens_per_s"] == pytest.approx(want, rel=1e-2)
     assert m["vanilla"]["drafter_prefill_s"] < 0.01 and m["vanilla"]["decode_speedup_vs_vanilla"] == 1.0
     assert "Each request split" in bench.markdown_table(doc)
 

@@ -117,6 +117,9 @@ def test_a_version_1_file_still_replays_and_bad_new_fields_are_one_line_errors(t
     parsed = viz.parse_run_file(json.dumps(_run_file(old, version=1)))
     data = stepper.stage_data(parsed, lambda ids: str(ids[0]))
     assert "passes" not in data["steps"][1]  # the stage says the draft's total only
+    sampled = viz.parse_run_file(json.dumps(_run_file(old, version=1) | {"meta": {"temperature": 0.7}}))
+    data = stepper.stage_data(sampled, lambda ids: str(ids[0]))
+    assert data["sampled"] and not any("dists" in st for st in data["steps"])  # the inspector says it is off
     assert viz.parse_run_file(json.dumps(_run_file(steps)))["version"] == 2
     for field, value in (("draft_passes", ["x"]), ("layer_top", [[[1]]]), ("bonus_kind", "extra"),
                          ("draws", [0.5] * 99), ("dists", [[0, [1], [0.5, 0.2], 0.3]])):

@@ -5,7 +5,8 @@
 const NS = 'http://www.w3.org/2000/svg';
 const reduce = window.matchMedia && window.matchMedia('(prefers-reduced-motion: reduce)').matches;
 // sent: the steps the stage gave the page's slider, whose echoes (the slider's change events) it ignores
-const S = {run: null, i: 0, phase: 4, sub: 99, timer: 0, playing: false, pick: null, sent: new Set()};
+// inspect: the node whose sampling the inspector shows (viz/sampling.js), on this step
+const S = {run: null, i: 0, phase: 4, sub: 99, timer: 0, playing: false, pick: null, sent: new Set(), inspect: null};
 const el = (tag, attrs, parent) => {
   const e = document.createElementNS(NS, tag);
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
@@ -104,6 +105,7 @@ function draw() {
     el('text', {x: 8, y: 24}, svg).textContent = `prefill: one target forward over the prompt; first token ${st.emit.join('')}`;
     reply.innerHTML = `<span class="fe-b">${esc(st.emit.join(''))}</span><span class="fe-later">${esc(after)}</span>`;
     say('Step 0 reads the prompt. The target picks the first token itself; the drafter reads the prompt too.');
+    r.querySelector('.fe-inspect').replaceChildren();
     passes(st, run);
     return;
   }
@@ -147,6 +149,15 @@ function draw() {
     el('text', {x: 10, y: -8}, g).textContent = st.tok[i];
     if (!shown(i)) g.classList.add('fe-hide');
     if (v === 0) g.classList.add('fe-dim');
+    if (!S.pick && st.dists && i > 0 && st.draws[i] >= 0 && P >= 2) {  // sampled: a judged node opens the inspector
+      g.classList.add('fe-insp');
+      g.setAttribute('tabindex', '0');
+      g.setAttribute('role', 'button');
+      g.setAttribute('aria-label', `how ${st.tok[i]} was judged`);
+      const open = () => { S.inspect = S.inspect === i ? null : i; draw(); };
+      g.addEventListener('click', open);
+      g.addEventListener('keydown', (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); open(); } });
+    }
     if (S.pick && st.dep[i] === pickDepth(st, kids)) {
       g.classList.add('fe-pick');
       g.setAttribute('tabindex', '0');
@@ -173,6 +184,12 @@ function draw() {
     `<span class="fe-later">${esc(P >= 4 ? after : st.emit.join('') + after)}</span>`;
   say(caption(st, run));
   passes(st, run);
+  const insp = r.querySelector('.fe-inspect');
+  if (S.inspect !== null) inspector(insp, st, S.inspect, run);
+  else if (run.sampled && !run.steps.some((x) => x.dists)) {
+    insp.textContent = 'The sampling inspector is off: this trace has no sampling record (a version-1 file).';
+  } else if (run.sampled && P >= 2 && !S.pick) insp.textContent = 'Sampling: tap a judged node to see its draw.';
+  else insp.replaceChildren();
 }
 
 function caption(st, run) {
@@ -213,7 +230,9 @@ function toSlider(i) {  // the page's step slider follows the stage (its change 
 }
 
 function setStep(i, phase) {
-  S.i = Math.max(0, Math.min(i, S.run.steps.length - 1));
+  const to = Math.max(0, Math.min(i, S.run.steps.length - 1));
+  if (to !== S.i) S.inspect = null;
+  S.i = to;
   S.phase = phase;
   S.sub = phase === 0 || phase === 2 ? 0 : 99;
   draw();
@@ -309,7 +328,8 @@ window.feStage = {
   },
   phase: (p) => { if (S.run && S.run.steps[S.i].tok) { play(false); setStep(S.i, p); } },
   predict: (done) => { S.pick = done; draw(); },
-  redraw: () => draw(),  // the learner taps a depth-1 node: done(node, survived)
+  redraw: () => draw(),
+  inspect: (node) => { S.inspect = node; draw(); },  // the sampling inspector on a node (tests, the tour)  // the learner taps a depth-1 node: done(node, survived)
   state: () => ({step: S.run ? S.run.steps[S.i].s : null, phase: S.phase, playing: S.playing, kind: S.run && S.run.kind}),
   best: () => {  // the step the tour shows: the most accepted drafts
     if (!S.run) return 0;

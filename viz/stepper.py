@@ -58,6 +58,9 @@ def _step_data(tr: Mapping, label: Callable[[Sequence[int]], str]) -> dict:
                 "bk": tr.get("bonus_kind", "bonus")}
     if "draft_passes" in tr:
         out["passes"] = [round(float(ms), 2) for ms in tr["draft_passes"]]
+    if tr.get("dists"):  # sampling: what the inspector shows (viz/sampling.js)
+        out |= {"dists": {str(d[0]): [[lab(t) for t in d[1]], d[2], d[3]] for d in tr["dists"]},
+                "draws": list(tr.get("draws") or []), "tp": [round(float(p), 6) for p in tr.get("target_probs") or []]}
     if tr.get("layer_top"):
         out["top"] = [[[lab(t), round(float(p), 3)] for t, p in depth] for depth in tr["layer_top"]]
     return out
@@ -68,6 +71,7 @@ def stage_data(run: Mapping, label: Callable[[Sequence[int]], str]) -> dict:
     meta = run.get("meta") or {}
     traces = run["sides"]["speculative"]["traces"]
     return {"kind": drafter_kind(meta), "method": str(meta.get("method", "speculative")),
+            "sampled": float(meta.get("temperature") or 0) > 0,
             "steps": [_step_data(tr, label) for tr in traces],
             "colors": {str(k): v for k, v in VERDICT_COLORS.items()}, "marks": {str(k): v for k, v in MARKS.items()}}
 
@@ -90,7 +94,7 @@ def stage_html(run: Mapping | None, label: Callable[[Sequence[int]], str] | None
             f'<span class="fe-phases">{chips}</span></div>'
             '<div class="fe-stage-say" aria-live="polite"></div>'
             '<svg class="fe-stage-tree" role="img" aria-label="the step\'s draft tree"></svg>'
-            '<div class="fe-stage-reply"></div>'
+            '<div class="fe-inspect" aria-live="polite"></div><div class="fe-stage-reply"></div>'
             '<div class="fe-passes" aria-label="the drafter\'s forwards this step"></div></div>')
 
 
@@ -130,11 +134,26 @@ STAGE_CSS = """
 .fe-layers { display:flex; flex-wrap:wrap; gap:4px 10px; margin-top:3px; }
 .fe-layer { border:1px solid #dde3ea; border-radius:5px; padding:1px 5px; cursor:default; }
 .fe-layer.fe-hl, .fe-layer:hover, .fe-layer:focus-visible { border-color:#0072B2; background:#eef4fb; }
+.fe-inspect { font-size:88%; margin:2px 0 6px; }
+.fe-inspect:empty { display:none; }
+.fe-dist-row { display:flex; align-items:center; gap:6px; margin:1px 0; }
+.fe-dist-tok { width:8em; flex:none; text-align:right; font-family:ui-monospace, Consolas, monospace; overflow:hidden; }
+.fe-dist-track { flex:1; min-width:0; }
+.fe-dist-bar { display:block; height:8px; background:var(--fe-bonus); border-radius:2px; min-width:1px; }
+.fe-dist-bar.fe-seen { background:var(--fe-lookup); margin-top:1px; }
+.fe-dist-p { width:8.5em; flex:none; }
+.fe-try { font-size:85%; border:1px solid #b9c6d8; border-radius:4px; padding:0 4px; }
+.fe-draw-many { margin-top:4px; padding:2px 10px; border:1px solid #b9c6d8; border-radius:6px; background:#eef2f8;
+  min-height:30px; }
+.fe-stage-tree .fe-n.fe-insp { cursor:pointer; }
+.fe-views button { padding:1px 8px; border:1px solid #b9c6d8; border-radius:5px; background:#fff; min-height:28px; }
+.fe-views button[aria-pressed=true] { background:#dfe8f5; border-color:#0072B2; }
 @media (prefers-reduced-motion: reduce) { .fe-stage-tree .fe-n { transition:none; } }
 body.fe-present .fe-stage-tree text { font-size:18px; }
 body.fe-present .fe-stage-tree circle { transform:scale(1.35); }
 body.fe-present .fe-stage-say, body.fe-present .fe-stage-reply { font-size:1.2em; }
 """
 
-# js_on_load of the gr.HTML that shows `stage_html` (its own file, to read as JavaScript)
-STAGE_JS = (Path(__file__).with_name("stage.js")).read_text(encoding="utf-8")
+# js_on_load of the gr.HTML that shows `stage_html`: the stage's script, then the sampling inspector's
+# (their own files, to read as JavaScript; one scope)
+STAGE_JS = "\n".join((Path(__file__).with_name(f)).read_text(encoding="utf-8") for f in ("sampling.js", "stage.js"))

@@ -647,3 +647,40 @@ def test_the_projector_shows_tree_reply_and_replay_controls_at_once(app_url, pag
     assert hidden
     for name, b in boxes.items():
         assert 0 <= b["t"] and b["b"] <= 1080, (name, b)
+
+
+def test_the_sampling_inspector_shows_a_draw_and_draws_a_thousand_times(app_url, page):
+    """A sampled run: a click on a judged node of the stage shows the target's distribution at its
+    parent, each draft's draw against p'(x), and 1,000 draws by the same rule, whose shares pass the
+    chi-square test of tests/test_verify.py against p."""
+    from tests.test_sampling_view import chi_square
+
+    url, method = app_url
+    page.goto(url, wait_until="load")
+    page.locator("#method label", has_text=method).first.click()
+    _advanced(page)
+    temp = page.locator("#temperature input[type=number]")
+    temp.fill("0.7")
+    temp.press("Enter")
+    num = page.locator("#max-new input[type=number]")
+    num.fill("16")
+    num.press("Enter")
+    page.locator("#prompt textarea").fill("Write a short poem about the sea.")
+    _run(page)
+    page.wait_for_function("() => window.feStage && JSON.parse(document.querySelector('#stage .fe-stage').dataset.run)"
+                           ".steps.some(s => s.dists)")
+    node = page.evaluate("""() => { const run = JSON.parse(document.querySelector('#stage .fe-stage').dataset.run);
+        for (const st of run.steps) if (st.draws) { const i = st.draws.findIndex((u, j) => j > 0 && u >= 0);
+          if (i > 0) return [st.s, i]; } return null; }""")
+    assert node, "no judged node in the sampled run"
+    page.evaluate("(n) => { window.feStage.goto(n[0], 4); }", node)
+    page.locator(f"#stage g.fe-insp[data-node='{node[1]}']").click()
+    box = page.locator("#stage .fe-inspect")
+    assert "distribution" in box.inner_text() and ("u = " in box.inner_text())
+    assert page.locator("#stage .fe-dist-row").count() >= 2
+    page.locator("#stage .fe-draw-many").click()
+    counts = json.loads(box.get_attribute("data-counts"))
+    p = json.loads(box.get_attribute("data-p"))
+    assert sum(counts) == 1000
+    stat, crit = chi_square(counts, p)
+    assert stat < crit, (stat, crit)
