@@ -684,3 +684,38 @@ def test_the_sampling_inspector_shows_a_draw_and_draws_a_thousand_times(app_url,
     assert sum(counts) == 1000
     stat, crit = chi_square(counts, p)
     assert stat < crit, (stat, crit)
+
+
+def test_eagle3s_draft_grows_depth_by_depth_and_the_cascades_at_once(app_url, page):
+    """The draft phase in motion: for EAGLE-3 the nodes of depth d show only after its d-th pass (one
+    pass bar per depth), for the cascade every depth shows at once after its one pass."""
+    import app
+
+    url, _ = app_url
+    if "EAGLE-3" not in [m.label for m in app.ENGINE.available]:
+        pytest.skip("no EAGLE-3 drafter here")
+    page.emulate_media(reduced_motion="no-preference")
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    shown = "() => document.querySelectorAll('#stage .fe-stage-tree g.fe-n:not(.fe-hide)').length"
+    passes = "() => document.querySelectorAll('#stage .fe-pass-row').length"
+    # the first screen's run is the cascade's: one pass, then every node at once
+    page.evaluate("() => window.feStage.goto(window.feStage.best(), 0)")
+    page.wait_for_timeout(1200)
+    cascade_all = page.evaluate("() => document.querySelectorAll('#stage .fe-stage-tree g.fe-n').length")
+    assert page.evaluate(shown) == cascade_all and page.evaluate(passes) == 2  # 1 pass + verify
+    page.locator("#method label", has_text="EAGLE-3").first.click()
+    _advanced(page)
+    num = page.locator("#max-new input[type=number]")
+    num.fill("16")
+    num.press("Enter")
+    page.locator("#prompt textarea").fill(PROMPT)
+    _run(page)
+    page.wait_for_function("() => window.feStage.state().kind === 'eagle3'")
+    page.evaluate("() => window.feStage.goto(window.feStage.best(), 0)")
+    seen = []
+    for _ in range(12):
+        seen.append(page.evaluate(shown))
+        page.wait_for_timeout(250)
+    assert seen[0] < seen[-1] and len(set(seen)) >= 3, seen  # the tree grew in several beats
+    assert page.evaluate(passes) >= 3  # one bar per pass, then verify
