@@ -525,27 +525,32 @@ FIRST_SCREEN = """() => {
 
 @pytest.mark.parametrize("size", [(1440, 900), (390, 844)])
 def test_the_first_screen_shows_a_finished_run(app_url, page, size):
-    """With no click, within 3 s of load: a finished run (the shipped recorded one, or a cached
-    example's) with its tree's nodes and the speculative reply inside the first viewport; at 1440x900
-    both replies and the race too. Screenshots go to assets/screenshot-first-<width>.png."""
+    """With no click: a finished run (the shipped recorded one, or a cached example's) with its tree's
+    nodes and the speculative reply inside the first viewport, within 3 s of the load event (the median
+    of 3 loads, each in a new browser context: this CPU also runs the server); at 1440x900 both replies
+    and the race too. Screenshots go to assets/screenshot-first-<width>.png."""
+    import statistics
     import time
 
     url, _ = app_url
     width, height = size
-    context = page.context.browser.new_context(viewport={"width": width, "height": height})
-    try:
-        pg = context.new_page()
-        pg.goto(url, wait_until="load")
-        start = time.monotonic()  # from the page's load event
-        pg.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
-        took = time.monotonic() - start
-        pg.wait_for_timeout(300)
-        seen = pg.evaluate(FIRST_SCREEN)
-        pg.screenshot(path=str(SCREENSHOT.with_name(f"screenshot-first-{width}.png")))
-        prompt = pg.locator("#prompt textarea").input_value()
-    finally:
-        context.close()
-    assert took <= 3.0, took
+    took = []
+    for attempt in range(3):
+        context = page.context.browser.new_context(viewport={"width": width, "height": height})
+        try:
+            pg = context.new_page()
+            pg.goto(url, wait_until="load")
+            start = time.monotonic()  # from the page's load event
+            pg.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+            took.append(time.monotonic() - start)
+            if attempt == 0:
+                pg.wait_for_timeout(300)
+                seen = pg.evaluate(FIRST_SCREEN)
+                pg.screenshot(path=str(SCREENSHOT.with_name(f"screenshot-first-{width}.png")))
+                prompt = pg.locator("#prompt textarea").input_value()
+        finally:
+            context.close()
+    assert statistics.median(took) <= 3.0, took
     assert prompt.strip()  # the run's prompt is in the box: Run decodes it here
     inside = lambda b: b and 0 <= b["t"] and b["b"] <= seen["h"] and b["r"] <= seen["w"] + 1  # noqa: E731
     assert len(seen["nodes"]) >= 3 and all(inside(n) for n in seen["nodes"]), seen
