@@ -606,6 +606,8 @@ def test_the_tour_walks_every_card(app_url, page):
     page.set_viewport_size({"width": 1440, "height": 900})
     page.goto(url, wait_until="load")
     page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    page.evaluate("() => window.feStage.goto(1, 4)")  # away from the step the tour shows
+    page.wait_for_function("() => document.querySelector('#step-slider input[type=number]').value === '1'")
     page.locator("#tour-btn").click()
     for i, card in enumerate(CARDS):
         page.wait_for_function("(i) => document.querySelector('#fe-tour')?.dataset.card === String(i)", arg=i)
@@ -621,6 +623,9 @@ def test_the_tour_walks_every_card(app_url, page):
             assert verdict.startswith("✓") or verdict.startswith("✗")
         if i == 1:
             page.screenshot(path=str(SCREENSHOT.with_name("screenshot-tour.png")))
+            step = page.evaluate("() => window.feStage.state().step")  # the page's slider follows the tour
+            page.wait_for_function("(s) => document.querySelector('#step-slider input[type=number]').value === "
+                                   "String(s)", arg=step)
         page.locator("#fe-tour .fe-tour-next").click()
     assert page.locator("#fe-tour").count() == 0  # done closes it
     assert page.evaluate("() => document.activeElement === document.querySelector('#prompt textarea')")
