@@ -48,7 +48,9 @@ function passes(st, run) {  // the drafter's forwards on one time axis, then the
   } else if (st.passes.length === 0) {
     rows.push(['lookup: no forward', 0.01, '#E69F00']);
   } else {
-    st.passes.forEach((ms, j) => rows.push([kind === 'cascade' ? 'cascade: 1 pass' : `pass ${j + 1} (depth ${j + 1})`,
+    // the first pass of step 1 is the drafter's read of the whole prompt (its prefill), which readied that draft
+    st.passes.forEach((ms, j) => rows.push([j === 0 && st.s === 1 ? 'drafter prefill'
+                                              : kind === 'cascade' ? 'cascade: 1 pass' : `pass ${j + 1} (depth ${j + 1})`,
                                             ms, '#E69F00']));
   }
   rows.push([`verify: ${st.tok.length} nodes`, st.vms, '#0072B2']);
