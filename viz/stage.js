@@ -115,14 +115,14 @@ function draw() {
   const maxd = Math.max(...st.dep) + 1;
   // columns for every depth and the bonus, with room for the last label on the right
   const big = document.body.classList.contains('fe-present');  // presentation mode: a projector's sizes
-  const W = Math.max(r.clientWidth || 600, 300), colW = Math.min(big ? 180 : 120, (W - (big ? 150 : 110)) / maxd);
-  const rowH = (rows > 10 ? 22 : 34) * (big ? 1.5 : 1), H = 28 + rows * rowH;
+  const W = Math.max(r.clientWidth || 600, 300), colW = Math.min(big ? 260 : 120, (W - (big ? 150 : 110)) / maxd);
+  const rowH = (rows > 10 ? 22 : 34) * (big ? 1.6 : 1), H = 40 + rows * rowH;
   svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
   svg.setAttribute('height', String(H));
   const X = (d) => 24 + d * colW, Y = (k) => 22 + k * rowH;
   for (let d = 1; d <= maxd; d++) {  // a depth's column, lit when its layer is hovered
     const c = el('rect', {x: X(d) - colW / 2, y: 2, width: colW, height: H - 4, fill: '#dfe8f5', opacity: 0,
-                          class: 'fe-col', 'data-depth': d}, svg);
+                          class: 'fe-col', 'data-depth': d, 'pointer-events': 'none'}, svg);
   }
   const P = S.phase, path = new Set(st.path);
   // the walk judges depth by depth: a node's verdict shows once the walk passed its depth (null: not yet)
@@ -176,7 +176,8 @@ function draw() {
     el('path', {d: `M${X(st.dep[last])},${by} H${bx}`, stroke: '#0072B2', 'stroke-dasharray': '4 3', fill: 'none'}, svg);
     const g = el('g', {transform: `translate(${bx},${by})`, class: 'fe-n'}, svg);
     el('polygon', {points: star(9), fill: st.bk === 'resampled' ? '#CC79A7' : '#0072B2'}, g);
-    el('text', {x: 11, y: -8}, g).textContent = st.bk === 'resampled' ? `${st.bonus} (resampled)` : st.bonus;
+    // below the star: above it would run into the label of the node it follows
+    el('text', {x: -6, y: 24}, g).textContent = st.bk === 'resampled' ? `${st.bonus} (resampled)` : st.bonus;
   }
   const drafts = st.emit.filter((_, j) => st.kinds[j] === 'draft').join('');
   const last = st.emit.length && st.kinds[st.emit.length - 1] !== 'draft' ? st.emit[st.emit.length - 1] : '';
@@ -205,7 +206,8 @@ function caption(st, run) {
       : `1 · Draft: prompt lookup copies what followed the last words where they occurred before: no forward at all.`;
     case 1: return `2 · Verify: one target forward reads all ${nodes} drafted nodes at once, a tree mask letting each see only its ancestors (${st.vms.toFixed(0)} ms).`;
     case 2: return `3 · Walk from the root: a child survives if the target agrees with it (✓); its siblings are rejected (✗) and everything below them is never reached (○). ${acc} of ${nodes} accepted.`;
-    case 3: return `4 · Emit: the ${acc} accepted token${acc === 1 ? '' : 's'} join the reply, exactly as the target alone would have written them.`;
+    case 3: return acc === 1 ? '4 · Emit: the accepted token joins the reply, exactly as the target alone would have written it.'
+      : `4 · Emit: the ${acc} accepted tokens join the reply, exactly as the target alone would have written them.`;
     default: return st.bonus === null ? '5 · The reply ended at a stop token.' : st.bk === 'resampled'
       ? `5 · Resampled: the target rejected its drafts here, so it draws its token from what is left of its distribution: ${st.bonus}.`
       : `5 · Bonus: the target's own next token at the path's end comes free with the same forward: ${st.bonus}. ${acc + 1} tokens for one forward.`;
@@ -314,7 +316,16 @@ element.addEventListener('input', (e) => {  // the stage's own replay slider: a 
 });
 element.addEventListener('keydown', (e) => {
   if (e.target.closest('.fe-stage-steps')) return;  // the slider's own arrows move whole steps
-  if (!S.run || e.target.closest('.fe-pick')) return;
+  if (!S.run || e.target.closest('.fe-pick') || e.target.closest('.fe-insp')) return;
+  if (e.target.classList.contains('fe-stage')) {  // on the stage itself: Space plays, Home / End go to the ends
+    if (e.key === ' ') { e.preventDefault(); play(!S.playing); }
+    if (e.key === 'Home' || e.key === 'End') {
+      e.preventDefault();
+      play(false);
+      setStep(e.key === 'Home' ? 0 : S.run.steps.length - 1, 4);
+      toSlider(S.run.steps[S.i].s);
+    }
+  }
   if (e.key === 'ArrowRight') { e.preventDefault(); play(false); move(1); }
   if (e.key === 'ArrowLeft') { e.preventDefault(); play(false); move(-1); }
 });

@@ -149,7 +149,9 @@ STAGE_CSS = """
 .fe-views button { padding:1px 8px; border:1px solid #b9c6d8; border-radius:5px; background:#fff; min-height:28px; }
 .fe-views button[aria-pressed=true] { background:#dfe8f5; border-color:#0072B2; }
 @media (prefers-reduced-motion: reduce) { .fe-stage-tree .fe-n { transition:none; } }
-body.fe-present .fe-stage-tree text { font-size:18px; }
+body.fe-present .fe-stage-tree text { font-size:19px !important; }
+body.fe-present .fe-stage-bar, body.fe-present .fe-passes { font-size:1.15em; }
+body.fe-present .fe-phase, body.fe-present .fe-stage-bar button { font-size:16px !important; }
 body.fe-present .fe-stage-tree circle { transform:scale(1.35); }
 body.fe-present .fe-stage-say, body.fe-present .fe-stage-reply { font-size:1.2em; }
 """

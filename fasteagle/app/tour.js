@@ -10,12 +10,17 @@ function close() {
   document.removeEventListener('keydown', onKey, true);
 }
 function onKey(e) { if (e.key === 'Escape') { e.preventDefault(); close(); } }
-function place(target) {  // beside the highlighted part: below it if there is room, else above, else at the bottom
+function place(target) {  // beside the highlighted part, never over the screen's edge: below it if that fits,
+  // else above, else to its right; on a phone (or when nothing fits) at the screen's bottom, the part at its top
   const r = target.getBoundingClientRect(), h = box.offsetHeight, w = box.offsetWidth;
   const vh = window.innerHeight, vw = window.innerWidth;
-  let top = r.bottom + 10 + h < vh ? r.bottom + 10 : (r.top - 10 - h > 0 ? r.top - 10 - h : vh - h - 12);
-  box.style.top = Math.max(8, top) + 'px';
-  box.style.left = Math.max(8, Math.min(r.left, vw - w - 12)) + 'px';
+  let top, left = Math.max(8, Math.min(r.left, vw - w - 12));
+  if (vw >= 640 && r.bottom + 10 + h <= vh - 8) top = r.bottom + 10;
+  else if (vw >= 640 && r.top - 10 - h >= 8) top = r.top - 10 - h;
+  else if (vw >= 640 && r.right + 12 + w <= vw - 8) { top = Math.max(8, Math.min(r.top, vh - h - 8)); left = r.right + 12; }
+  else top = vh - h - 8;
+  box.style.top = Math.max(8, Math.min(top, vh - h - 8)) + 'px';
+  box.style.left = left + 'px';
 }
 function show(i) {
   at = i; answered = false;
@@ -29,7 +34,9 @@ function show(i) {
   }
   if (spot) {
     spot.classList.add('fe-tour-spot');
-    spot.scrollIntoView({block: 'nearest', behavior: matchMedia('(prefers-reduced-motion: reduce)').matches ? 'auto' : 'smooth'});
+    const phone = window.innerWidth < 640;  // the card takes the screen's bottom: the part goes to its top
+    spot.scrollIntoView({block: phone ? 'start' : 'nearest',
+                         behavior: matchMedia('(prefers-reduced-motion: reduce)').matches ? 'auto' : 'smooth'});
   }
   if (!box) {
     box = document.createElement('div');
@@ -66,7 +73,9 @@ function show(i) {
     });
   }
   requestAnimationFrame(() => { if (spot && box) place(spot); });
+  setTimeout(() => { if (spot && box) place(spot); }, 450);  // again once a smooth scroll has ended
   if (c.focus && spot) { const f = spot.querySelector('textarea, input'); if (f) f.focus(); }
   else box.querySelector('.fe-tour-next').focus();
 }
+window.addEventListener('resize', () => { if (spot && box) place(spot); });
 window.feTour = {start: () => show(0), close, at: () => at, cards: CARDS.length};

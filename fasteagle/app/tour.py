@@ -40,7 +40,7 @@ CARDS = [
     Card("3 · The walk from the root",
          "The target keeps a child only where it agrees with it (✓). Its siblings are rejected (✗) and "
          "nothing below a rejection counts (○).", "#stage", phase=2),
-    Card("4 · 5 · Emit, and the bonus",
+    Card("4, 5 · The emitted tokens, then the bonus",
          "The accepted tokens join the reply, and the same forward gives the target's own next token for "
          "free (★). So a step always emits at least one token: speculation never loses tokens, only time.",
          "#stage", phase=4),

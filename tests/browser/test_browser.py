@@ -596,43 +596,53 @@ def test_the_stage_plays_each_step_in_phases(app_url, page):
     assert start["kind"] in ("cascade", "eagle3", "lookup")
 
 
-def test_the_tour_walks_every_card(app_url, page):
-    """The tour opens from its button, highlights a part of the page on every card, asks for a
-    prediction (a tap on the stage's tree, answered right or wrong) and ends in the prompt box.
-    Screenshots of a card: assets/screenshot-tour.png (desktop) and the projector's."""
+@pytest.mark.parametrize("size", [(1440, 900), (390, 844)])
+def test_the_tour_walks_every_card(app_url, page, size):
+    """The tour opens from its button, highlights a part of the page on every card, each card inside the
+    screen (on a phone too, where it sits at the bottom), asks for a prediction (a tap on the stage's
+    tree, answered right or wrong) and ends in the prompt box. A card's screenshot at 1440x900:
+    assets/screenshot-tour.png."""
     from fasteagle.app.tour import CARDS
 
     url, _ = app_url
-    page.set_viewport_size({"width": 1440, "height": 900})
-    page.goto(url, wait_until="load")
-    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
-    page.evaluate("() => window.feStage.goto(1, 4)")  # away from the step the tour shows
-    page.wait_for_function("() => document.querySelector('#step-slider input[type=number]').value === '1'")
-    page.locator("#tour-btn").click()
-    for i, card in enumerate(CARDS):
-        page.wait_for_function("(i) => document.querySelector('#fe-tour')?.dataset.card === String(i)", arg=i)
-        assert page.locator(".fe-tour-spot").count() == 1, card.title
-        assert card.title in page.locator("#fe-tour h3").inner_text()
-        if card.phase is not None:
-            assert page.evaluate("() => window.feStage.state().phase") in (card.phase, 2 if card.predict else -1)
-        if card.predict:
-            page.wait_for_selector("#stage g.fe-pick")
-            page.keyboard.press("Tab")  # the keyboard reaches the pickable nodes too
-            page.locator("#stage g.fe-pick").first.click()
-            verdict = page.locator("#fe-tour .fe-tour-verdict").inner_text()
-            assert verdict.startswith("✓") or verdict.startswith("✗")
-        if i == 1:
-            page.screenshot(path=str(SCREENSHOT.with_name("screenshot-tour.png")))
-            step = page.evaluate("() => window.feStage.state().step")  # the page's slider follows the tour
-            page.wait_for_function("(s) => document.querySelector('#step-slider input[type=number]').value === "
-                                   "String(s)", arg=step)
-        page.locator("#fe-tour .fe-tour-next").click()
-    assert page.locator("#fe-tour").count() == 0  # done closes it
-    assert page.evaluate("() => document.activeElement === document.querySelector('#prompt textarea')")
-    page.locator("#tour-btn").click()
-    page.wait_for_selector("#fe-tour")
-    page.keyboard.press("Escape")
-    page.wait_for_selector("#fe-tour", state="detached")
+    width, height = size
+    page.set_viewport_size({"width": width, "height": height})
+    try:
+        page.goto(url, wait_until="load")
+        page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+        page.evaluate("() => window.feStage.goto(1, 4)")  # away from the step the tour shows
+        page.wait_for_function("() => document.querySelector('#step-slider input[type=number]').value === '1'")
+        page.locator("#tour-btn").click()
+        for i, card in enumerate(CARDS):
+            page.wait_for_function("(i) => document.querySelector('#fe-tour')?.dataset.card === String(i)", arg=i)
+            assert page.locator(".fe-tour-spot").count() == 1, card.title
+            assert card.title in page.locator("#fe-tour h3").inner_text()
+            page.wait_for_timeout(500)  # (placed again once the page's smooth scroll has ended)
+            tour_box = _box(page, "#fe-tour")
+            assert 0 <= tour_box["t"] and tour_box["b"] <= height and 0 <= tour_box["l"] and tour_box["r"] <= width, \
+                (card.title, tour_box)
+            if card.phase is not None:
+                assert page.evaluate("() => window.feStage.state().phase") in (card.phase, 2 if card.predict else -1)
+            if card.predict:
+                page.wait_for_selector("#stage g.fe-pick")
+                page.keyboard.press("Tab")  # the keyboard reaches the pickable nodes too
+                page.locator("#stage g.fe-pick").first.click()
+                verdict = page.locator("#fe-tour .fe-tour-verdict").inner_text()
+                assert verdict.startswith("✓") or verdict.startswith("✗")
+            if i == 1 and width == 1440:
+                page.screenshot(path=str(SCREENSHOT.with_name("screenshot-tour.png")))
+                step = page.evaluate("() => window.feStage.state().step")  # the page's slider follows the tour
+                page.wait_for_function("(s) => document.querySelector('#step-slider input[type=number]').value === "
+                                       "String(s)", arg=step)
+            page.locator("#fe-tour .fe-tour-next").click()
+        assert page.locator("#fe-tour").count() == 0  # done closes it
+        assert page.evaluate("() => document.activeElement === document.querySelector('#prompt textarea')")
+        page.locator("#tour-btn").click()
+        page.wait_for_selector("#fe-tour")
+        page.keyboard.press("Escape")
+        page.wait_for_selector("#fe-tour", state="detached")
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1000})  # the page fixture's own, for the tests after
 
 
 def test_the_projector_shows_tree_reply_and_replay_controls_at_once(app_url, page):
