@@ -223,9 +223,8 @@ def _step(state: Decode, root: int) -> StepTrace:
     if state.sync_phases:
         synchronize(dev)
     t3 = time.perf_counter()
-    passes = [state.extend_ms] + list(getattr(state.drafter, "inner_passes", [])) if state.drafter else []
-    if getattr(state.drafter, "feature_layers", None) == ():  # prompt lookup: a string match, no forward
-        passes = []
+    # the forwards that made this tree: none for a drafter that reads no target features (prompt lookup)
+    passes = [state.extend_ms, *getattr(state.drafter, "inner_passes", [])] if state.feature_layers else []
     state.extend_ms = (t3 - t2 - t_trace) * 1e3
     state.step, state.generated, state.forwards = state.step + 1, state.generated + len(new), state.forwards + 1
     return StepTrace(

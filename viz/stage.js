@@ -44,16 +44,16 @@ function passes(st, run) {  // the drafter's forwards on one time axis, then the
   const kind = run.kind;
   const rows = [];
   if (!('passes' in st)) {
-    rows.push(['draft (all passes)', st.dms, '#E69F00']);
+    rows.push(['draft (all passes)', st.dms, run.colors.draft]);
   } else if (st.passes.length === 0) {
-    rows.push(['lookup: no forward', 0.01, '#E69F00']);
+    rows.push(['lookup: no forward', 0.01, run.colors.draft]);
   } else {
     // the first pass of step 1 is the drafter's read of the whole prompt (its prefill), which readied that draft
     st.passes.forEach((ms, j) => rows.push([j === 0 && st.s === 1 ? 'drafter prefill'
                                               : kind === 'cascade' ? 'cascade: 1 pass' : `pass ${j + 1} (depth ${j + 1})`,
-                                            ms, '#E69F00']));
+                                            ms, run.colors.draft]));
   }
-  rows.push([`verify: ${st.tok.length} nodes`, st.vms, '#0072B2']);
+  rows.push([`verify: ${st.tok.length} nodes`, st.vms, run.colors.verify]);
   // one time axis: each forward starts where the one before it ended (a Gantt chart of the step)
   const total = Math.max(rows.reduce((t, r) => t + r[1], 0), 1e-6);
   let t = 0;
@@ -173,9 +173,9 @@ function draw() {
   if (P >= 4 && st.bonus !== null) {  // the bonus star after the accepted path's last node
     const last = st.path[st.path.length - 1];
     const bx = X(st.dep[last] + 1), by = Y(row[last]);
-    el('path', {d: `M${X(st.dep[last])},${by} H${bx}`, stroke: '#0072B2', 'stroke-dasharray': '4 3', fill: 'none'}, svg);
+    el('path', {d: `M${X(st.dep[last])},${by} H${bx}`, stroke: run.colors.bonus, 'stroke-dasharray': '4 3', fill: 'none'}, svg);
     const g = el('g', {transform: `translate(${bx},${by})`, class: 'fe-n'}, svg);
-    el('polygon', {points: star(9), fill: st.bk === 'resampled' ? '#CC79A7' : '#0072B2'}, g);
+    el('polygon', {points: star(9), fill: st.bk === 'resampled' ? run.colors.resampled : run.colors.bonus}, g);
     // below the star: above it would run into the label of the node it follows
     el('text', {x: -6, y: 24}, g).textContent = st.bk === 'resampled' ? `${st.bonus} (resampled)` : st.bonus;
   }

@@ -24,7 +24,7 @@ from html import escape
 from pathlib import Path
 
 from fasteagle.trace import LOOKUP_SOURCE, token_kinds
-from viz.palette import MARKS, VERDICT_COLORS
+from viz.palette import BONUS_COLOR, MARKS, OKABE_ITO, RESAMPLED_COLOR, VERDICT_COLORS
 from viz.tokens import token_label
 
 PHASES = ("draft", "verify", "walk", "emit", "bonus")
@@ -73,7 +73,10 @@ def stage_data(run: Mapping, label: Callable[[Sequence[int]], str]) -> dict:
     return {"kind": drafter_kind(meta), "method": str(meta.get("method", "speculative")),
             "sampled": float(meta.get("temperature") or 0) > 0,
             "steps": [_step_data(tr, label) for tr in traces],
-            "colors": {str(k): v for k, v in VERDICT_COLORS.items()}, "marks": {str(k): v for k, v in MARKS.items()}}
+            "colors": {str(k): v for k, v in VERDICT_COLORS.items()} | {
+                "bonus": BONUS_COLOR, "resampled": RESAMPLED_COLOR, "draft": OKABE_ITO["orange"],
+                "verify": OKABE_ITO["blue"]},
+            "marks": {str(k): v for k, v in MARKS.items()}}
 
 
 def stage_html(run: Mapping | None, label: Callable[[Sequence[int]], str] | None = None) -> str:

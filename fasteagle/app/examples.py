@@ -109,10 +109,17 @@ def machine_text() -> str:
     return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
+_RECORDED: dict[tuple, dict] = {}  # (path, mtime) -> the parsed run: one object, whose drawing replays reuse
+
+
 def recorded_run(engine: Engine, path: Path = FIRST_RUN) -> dict | None:
-    """The shipped recorded run, when it is this target's and its method is offered here (else None)."""
+    """The shipped recorded run, when it is this target's and its method is offered here (else None).
+    Read and checked once per version of the file: every page that opens on it gets the same run."""
     try:
-        run = viz.parse_run_file(path.read_bytes())
+        key = (str(path), path.stat().st_mtime_ns)
+        if key not in _RECORDED:
+            _RECORDED[key] = viz.parse_run_file(path.read_bytes())
+        run = _RECORDED[key]
     except (OSError, viz.TraceFileError):
         return None
     meta = run.get("meta") or {}

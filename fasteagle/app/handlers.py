@@ -24,7 +24,7 @@ import viz
 from fasteagle import files
 from fasteagle.app.engine import Engine, Request
 from fasteagle.app.examples import EXAMPLES, ExampleCache, recorded_run, run_record
-from fasteagle.app.screen import UI, Screen, style_for
+from fasteagle.app.screen import UI, Screen, run_labeler, style_for
 from fasteagle.app.text import (
     compare_markdown,
     compare_settings,
@@ -191,9 +191,7 @@ class Handlers(Screen):
         run = first_run(engine, examples)
         if run is None:
             return "", ""
-        table = run.get("token_labels") or {}
-        label = lambda ids: "".join(table[i] if i in table else engine.label(i) for i in ids)  # noqa: E731
-        return (run.get("meta") or {}).get("prompt", ""), viz.stage_html(run, label)
+        return (run.get("meta") or {}).get("prompt", ""), viz.stage_html(run, run_labeler(run, engine))
 
     def replay(self, run: dict, style: viz.TreeStyle) -> dict:
         """A stored example run on screen at once, as a finished run; its file is the download. Its

@@ -159,6 +159,15 @@ def start_app(port: int, log_path: Path) -> subprocess.Popen:
                             stdout=log_path.open("w"), stderr=subprocess.STDOUT)
 
 
+def launch(kind: str) -> tuple[subprocess.Popen, str, Path]:
+    """`python app.py` on a free port: the process, its URL and its log ($TMPDIR/fasteagle-<kind>-<port>.log)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fasteagle-{kind}-{port}.log"
+    return start_app(port, log_path), f"http://127.0.0.1:{port}/", log_path
+
+
 def wait_ready(url: str, log_path: Path, timeout: float, cache: bool = True) -> None:
     """Until the app answers and (`cache`) its log says the example cache is complete."""
     end = time.monotonic() + timeout
@@ -208,11 +217,7 @@ def first_runs(args: argparse.Namespace) -> int:
     rows = []
     for i in range(args.first_run):
         shutil.rmtree(cache_dir() / "app-examples", ignore_errors=True)  # the cache empty, as on a wiped Space
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fasteagle-firstrun-{port}.log"
-        server, url = start_app(port, log_path), f"http://127.0.0.1:{port}/"
+        server, url, log_path = launch("firstrun")
         try:
             wait_ready(url, log_path, args.timeout, cache=False)
             first = one_page(url, run, args.timeout)
@@ -249,11 +254,7 @@ def _main(args: argparse.Namespace) -> int:
                 for p in fresh_prompts(args.clients - args.examples)])
     server, url = None, args.url
     if url is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fasteagle-loadtest-{port}.log"
-        server, url = start_app(port, log_path), f"http://127.0.0.1:{port}/"
+        server, url, log_path = launch("loadtest")
     url = url.rstrip("/") + "/"
     try:
         if server is not None:

@@ -307,9 +307,13 @@ class Screen:
                 ui.run_state]
 
     def _labeler(self, run):
-        """Token labels from the run's own table (a file from another model), else the engine's."""
-        table = run.get("token_labels") or {}
-        return lambda ids: "".join(table[i] if i in table else self.engine.label(i) for i in ids)
+        return run_labeler(run, self.engine)
+
+
+def run_labeler(run: dict, engine: Engine) -> Callable[[list[int]], str]:
+    """Token labels from the run's own table (a file from another model), else the engine's."""
+    table = run.get("token_labels") or {}
+    return lambda ids: "".join(table[i] if i in table else engine.label(i) for i in ids)
 
 
 def modelled_vanilla(meta: dict) -> dict | None:
