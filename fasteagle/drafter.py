@@ -173,10 +173,11 @@ class CascadedDrafter(DrafterBase):
         return build(root, ids, top_p, ks, self.tree_budget)
 
 
-def _layer_top(ids: torch.Tensor, probs: torch.Tensor, n: int = 3) -> list[list[list]]:
-    """Each layer's `n` best candidates, [[token id, prob], ...] per depth, from (N, k) top-k lists."""
-    ids, probs = ids[:, :n].tolist(), probs[:, :n].float().tolist()
-    return [[[t, round(p, 4)] for t, p in zip(i, q)] for i, q in zip(ids, probs)]
+def _layer_top(ids: torch.Tensor, probs: torch.Tensor) -> list[list[list]]:
+    """Each layer's candidates, [[token id, prob], ...] per depth best first, from the (N, k) top-k lists
+    the tree was built from: the stage shows the best few, the what-if model (`fasteagle.whatif`)
+    rebuilds from all of them the tree any budget would have drafted. Four significant digits."""
+    return [[[t, float(f"{p:.4g}")] for t, p in zip(i, q)] for i, q in zip(ids.tolist(), probs.float().tolist())]
 
 
 class CascadeState:

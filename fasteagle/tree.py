@@ -7,11 +7,12 @@ at position prefix_len + d, and attends to the prefix and its own ancestors only
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
 import torch
+
+from fasteagle.whatif import product_order
 
 
 @dataclass
@@ -163,43 +164,25 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
     depth, so with nothing else worth its node this is `backbone`; at about 60 nodes it accepts
     more (docs/design.md, "The product tree by default").
 
-    Found best first: a heap holds, for each kept node, its best child not yet taken and its next
-    sibling, so each kept node costs two pushes. That is plain Python on a few dozen numbers,
-    because a tensor op per depth cost more than the search (docs/design.md, "A lean draft step").
-    Nodes come out depth by depth, the most probable first.
+    Found best first by `fasteagle.whatif.product_order` (a heap, two pushes per kept node), the
+    order the what-if model replays: plain Python on a few dozen numbers, because a tensor op per
+    depth cost more than the search (docs/design.md, "A lean draft step"). Nodes come out depth by
+    depth, the most probable first.
     """
     dev = topk_ids.device
     n_depth, kmax = topk_ids.shape
     k_at = per_depth_k(ks, n_depth, kmax)
-    n_keep = max(0, budget - 1)
-    if n_keep == 0 or not k_at:
+    kept = product_order(topk_probs.float().tolist(), k_at, max(0, budget - 1))
+    if not kept:
         return root_only(root, dev)
-    ids = topk_ids.tolist()
-    probs = topk_probs.float().tolist()
-    logp = [[math.log(max(p, 1e-30)) for p in row[:k]] for row, k in zip(probs, k_at)]
-    def entry(parent_sum: float, d: int, parent: int, r: int) -> tuple:
-        """Heap entry of candidate r at depth index d below `parent`: (-score, d, parent, r,
-        parent's log-probability sum). Score = the path's log-probability sum - 1e-6 per depth, so a
-        child stays strictly below its parent even for a certain draft (p = 1.0); on a tie the child
-        of the better parent goes first, as in `backbone`."""
-        return -(parent_sum + logp[d][r] - (d + 1) * 1e-6), d, parent, r, parent_sum
-
-    heap = [entry(0.0, 0, 0, 0)]
-    kept = []  # (depth index, -score, pop order, token, parent node, prob)
-    while heap and len(kept) < n_keep:
-        neg, d, parent, r, parent_sum = heapq.heappop(heap)
-        node = len(kept) + 1
-        kept.append((d, neg, node, ids[d][r], parent, probs[d][r]))
-        if r + 1 < k_at[d]:
-            heapq.heappush(heap, entry(parent_sum, d, parent, r + 1))
-        if d + 1 < len(k_at):
-            heapq.heappush(heap, entry(parent_sum + logp[d][r], d + 1, node, 0))
-    kept.sort()  # depth by depth, the best first: parents still precede their children
-    new_index = {0: 0} | {k[2]: i for i, k in enumerate(kept, start=1)}
-    return make_tree(torch.tensor([root] + [k[3] for k in kept], device=dev),
-                     torch.tensor([-1] + [new_index[k[4]] for k in kept], device=dev),
-                     torch.tensor([1.0] + [k[5] for k in kept], device=dev),
-                     torch.tensor([0] + [k[0] + 1 for k in kept], device=dev))
+    ids, probs = topk_ids.tolist(), topk_probs.float().tolist()
+    # depth by depth, the best first (a stable sort of the best-first order): parents precede children
+    order = sorted(range(len(kept)), key=lambda i: kept[i][0])
+    new_index = {0: 0} | {i + 1: j for j, i in enumerate(order, start=1)}
+    return make_tree(torch.tensor([root] + [ids[kept[i][0]][kept[i][1]] for i in order], device=dev),
+                     torch.tensor([-1] + [new_index[kept[i][2]] for i in order], device=dev),
+                     torch.tensor([1.0] + [probs[kept[i][0]][kept[i][1]] for i in order], device=dev),
+                     torch.tensor([0] + [kept[i][0] + 1 for i in order], device=dev))
 
 
 def per_depth_k(ks: list[int] | int, n_depth: int, kmax: int | None = None) -> list[int]:

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from fasteagle import bench, packing, trace
+from fasteagle import bench, packing, trace, whatif
 from fasteagle.drafter import CascadedDrafter, DrafterConfig
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, generate
@@ -132,7 +132,7 @@ def test_auto_tree_tunes_a_drafter_joined_with_lookup(tiny):
 
 def test_interpolated_verify_cost():
     ms = {"1": 10.0, "4": 16.0, "8": 20.0}
-    assert [bench.tune._interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
+    assert [whatif.interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
 
 
 def test_verify_costs_are_made_nondecreasing_by_pooling_only_what_violates_the_order():

@@ -29,6 +29,7 @@ from viz.tokens import token_label
 
 PHASES = ("draft", "verify", "walk", "emit", "bonus")
 EMPTY = "After a run, its steps play here phase by phase: draft, verify, walk, emit, bonus."
+TOP_SHOWN = 3  # candidates per layer the stage lists (a trace keeps all the tree was built from)
 
 
 def drafter_kind(meta: Mapping) -> str:
@@ -62,7 +63,7 @@ def _step_data(tr: Mapping, label: Callable[[Sequence[int]], str]) -> dict:
         out |= {"dists": {str(d[0]): [[lab(t) for t in d[1]], d[2], d[3]] for d in tr["dists"]},
                 "draws": list(tr.get("draws") or []), "tp": [round(float(p), 6) for p in tr.get("target_probs") or []]}
     if tr.get("layer_top"):
-        out["top"] = [[[lab(t), round(float(p), 3)] for t, p in depth] for depth in tr["layer_top"]]
+        out["top"] = [[[lab(t), round(float(p), 3)] for t, p in depth[:TOP_SHOWN]] for depth in tr["layer_top"]]
     return out
 
 

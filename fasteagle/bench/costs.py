@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from fasteagle import packing
 from fasteagle.bench.timing import device_name
 from fasteagle.errors import FastEagleError
-from fasteagle.generate import synchronize
+from fasteagle.generate import generate, synchronize
 from fasteagle.kvcache import KVCache
 from fasteagle.target import Target, default_device, parse_dtype
 from fasteagle.tree import chain, path_tree
@@ -71,6 +71,22 @@ def verify_cost(target: Target | dict[str, Target], sizes=(1, 8, 16, 32, 64), pr
                                                                          for t in sizes}}
                            for name in names}
     return doc
+
+
+def draft_cost(target: Target, drafter, ids: torch.Tensor, budgets, seed: int = 0, tokens: int = 16) -> dict:
+    """A drafter's step at each node budget on this device: the median `draft_ms` (draft and `extend`,
+    the device synced after each, so a GPU drafter's kernels count even where a decode overlaps them)
+    of a `tokens`-token decode of `ids` at that budget. The drafter's budget is left as it was."""
+    before, out = drafter.tree_budget, {}
+    try:
+        for b in tqdm(sorted(set(budgets)), desc="draft cost", unit="budget"):
+            drafter.tree_budget = b
+            traces = list(generate(target, ids, drafter=drafter, max_new_tokens=tokens, seed=seed, stop_ids=set(),
+                                   sync_phases=True))[1:]
+            out[b] = round(statistics.median(t.draft_ms for t in traces), 3)
+    finally:
+        drafter.tree_budget = before
+    return out
 
 
 # Layer shapes for `draft_step_cost` (random weights: only the timing matters). EAGLE-3 drafts

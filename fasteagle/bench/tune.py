@@ -10,18 +10,20 @@ import torch
 from tqdm.auto import tqdm
 
 from fasteagle import trace
-from fasteagle.bench.costs import verify_cost
+from fasteagle.bench.costs import draft_cost, verify_cost
 from fasteagle.bench.timing import time_one
 from fasteagle.generate import chat_prompt_ids, generate
 from fasteagle.target import Target
 from fasteagle.verify import SamplingParams
+from fasteagle.whatif import interpolate, nondecreasing, tokens_per_s
 
 AUTO_BUDGETS = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 GPU_AUTO_BUDGETS = AUTO_BUDGETS + (96, 128, 192)  # a launch-bound GPU verifies a few hundred nodes at ~one step's cost
 
 
 def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_new: int = 64, seed: int = 0) -> dict:
-    """Pick the tree budget B that maximises expected tokens/s on this device, and set it:
+    """Pick the tree budget B that maximises expected tokens/s on this device, and set it, by the
+    project's one speed model (`fasteagle.whatif.tokens_per_s`, docs/design.md "The what-if model"):
 
         tokens/s(B) = tokens per step(B) / (draft ms(B) + verify ms(B))
 
@@ -55,14 +57,9 @@ def auto_tree(target: Target, drafter, prompts: list[dict], budgets=None, max_ne
     biggest = max(size for b in budgets for _, size in outcomes[b])
     sizes = sorted({1, *budgets, *(s for s in (2, 3, 5, 96, 128) if s <= biggest)} | {biggest})
     timed = nondecreasing(verify_cost(target, sizes, prefix=context, reps=20)["ms"])
-    verify_ms = {b: statistics.fmean(_interpolate(timed, size) for _, size in outcomes[b]) for b in budgets}
-    draft_ms = {}
-    for b in tqdm(budgets, desc="auto tree: draft cost"):
-        drafter.tree_budget = b
-        traces = list(generate(target, encoded[0], drafter=drafter, max_new_tokens=16, seed=seed, stop_ids=set(),
-                               sync_phases=True))[1:]
-        draft_ms[b] = statistics.median(t.draft_ms for t in traces)
-    rate = {b: 1e3 * per_step[b] / (draft_ms[b] + verify_ms[b]) for b in budgets}
+    verify_ms = {b: statistics.fmean(interpolate(timed, size) for _, size in outcomes[b]) for b in budgets}
+    draft_ms = draft_cost(target, drafter, encoded[0], budgets, seed)
+    rate = {b: tokens_per_s(per_step[b], draft_ms[b], verify_ms[b]) for b in budgets}
     best = max(rate, key=rate.get)
     drafter.tree_budget = best
     vanilla = 1e3 / timed["1"]
@@ -138,29 +135,3 @@ def node_paths(tree: dict) -> list[tuple[int, ...]]:
 
 def token_paths(tree: dict) -> set[tuple[int, ...]]:
     return set(node_paths(tree)[1:])
-
-
-def nondecreasing(ms: dict) -> dict:
-    """Timed verify costs (size -> ms) made non-decreasing in size by pooling adjacent violators
-    (isotonic regression). A bigger tree never costs less; where a CPU's flat region (the smallest
-    trees cost one decode step) meets run-to-run noise, raw medians said it did, and the budget
-    choice swung from run to run."""
-    sizes = sorted(ms, key=int)
-    blocks: list[list] = []  # [mean, count] of pooled runs of sizes
-    for k in sizes:
-        blocks.append([ms[k], 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    fitted = [m for m, n in blocks for _ in range(n)]
-    return {k: round(v, 2) for k, v in zip(sizes, fitted)}
-
-
-def _interpolate(ms: dict, size: int) -> float:
-    """Verify ms of a tree of `size` nodes from the timed sizes (linear between neighbours)."""
-    pts = sorted((int(k), v) for k, v in ms.items())
-    lo = max((p for p in pts if p[0] <= size), default=pts[0])
-    hi = min((p for p in pts if p[0] >= size), default=pts[-1])
-    if hi[0] == lo[0]:
-        return lo[1]
-    return lo[1] + (hi[1] - lo[1]) * (size - lo[0]) / (hi[0] - lo[0])
