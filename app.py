@@ -28,10 +28,12 @@ import gradio as gr  # noqa: E402
 import torch  # noqa: E402
 
 import viz  # noqa: E402
+from fasteagle.app.costs import CostBook  # noqa: E402
 from fasteagle.app.engine import EQUAL_INFO, EQUAL_LABEL, MAX_NEW_TOKENS, Engine, Request  # noqa: E402
 from fasteagle.app.examples import EXAMPLES, ExampleCache, default_max_new  # noqa: E402
 from fasteagle.app.handlers import Handlers  # noqa: E402
 from fasteagle.app.screen import UI  # noqa: E402
+from fasteagle.app.scripts import COMPARE_JS, MARK_STEP_JS, PRESENT_JS, REPLY_JS, SCROLL_JS  # noqa: E402
 from fasteagle.app.text import BATCH_NOTE, EXPLAINER, SHORT_EXPLAINER, TREE_SHAPE_LABELS, batch_chart  # noqa: E402
 from fasteagle.app.tour import TOUR_CSS, tour_js  # noqa: E402
 from fasteagle.app.turns import Turns  # noqa: E402
@@ -55,42 +57,8 @@ RUN_CONCURRENCY = 64  # pages whose /run is served at once: waiting for the deco
 
 # the page's styles: its own file, then the pictures' and the tour's
 CSS = (Path(__file__).with_name("fasteagle") / "app" / "page.css").read_text(encoding="utf-8") + \
-    viz.present_css() + viz.STAGE_CSS + TOUR_CSS + viz.palette_css()
+    viz.present_css() + viz.STAGE_CSS + viz.WHATIF_CSS + TOUR_CSS + viz.palette_css()
 
-
-
-# js_on_load of the speculative reply: a click on a token asks for its step (the `token` event), and
-# the tokens of the step on the replay slider are outlined again whenever the reply is redrawn.
-REPLY_JS = """
-const mark = () => {
-  const box = document.querySelector('#step-slider input[type=number]');
-  const step = box ? box.value : '';
-  element.querySelectorAll('.fe-tok').forEach((t) => t.classList.toggle('fe-sel', t.dataset.step === step));
-};
-element.addEventListener('click', (e) => {
-  const t = e.target.closest('.fe-tok');
-  if (t) trigger('token', {step: Number(t.dataset.step)});
-});
-watch('value', mark);
-"""
-# the replay slider moved: outline that step's tokens in the speculative reply
-MARK_STEP_JS = """(step) => {
-  if (window.feStage) window.feStage.goto(step);
-  document.querySelectorAll('#spec-reply .fe-tok').forEach(
-    (t) => t.classList.toggle('fe-sel', Number(t.dataset.step) === Number(step)));
-}"""
-# presentation mode on or off: the page's class, which the CSS's larger type and colours hang on
-PRESENT_JS = """(on) => {
-  document.body.classList.toggle('fe-present', Boolean(on));
-  if (window.feStage) window.feStage.redraw();
-}"""
-# Run in presentation mode: the stage comes into view while the run starts
-SCROLL_JS = """() => {
-  if (document.body.classList.contains('fe-present'))
-    document.querySelector('#stage')?.scrollIntoView({behavior: 'smooth', block: 'start'});
-}"""
-# All methods: their progress line and table come into view (they sit below the run's charts)
-COMPARE_JS = "() => { document.querySelector('#compare-box')?.scrollIntoView({behavior: 'smooth', block: 'start'}); }"
 
 
 def device_text(target: Target) -> str:
@@ -136,6 +104,8 @@ def layout(engine: Engine, first: tuple[str, str] = ("", "")) -> UI:
                              elem_id="depth-plot")
         time_plot = gr.Plot(value=viz.empty_figure("draft vs verify time", 280), show_label=False,
                             elem_id="time-plot")
+    with gr.Accordion("What if? The speed at other tree sizes, from measured costs", open=True, elem_id="whatif-box"):
+        whatif = gr.HTML(viz.whatif_html(None), js_on_load=viz.WHATIF_JS, elem_id="whatif")
     compare = _compare_view()
     with gr.Row():
         download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
@@ -145,7 +115,7 @@ def layout(engine: Engine, first: tuple[str, str] = ("", "")) -> UI:
         gr.Plot(value=batches, show_label=False, elem_id="batch-plot", visible=batches is not None)
     return UI(**settings, **shown, **compare, summary=summary, hist_plot=hist_plot, depth_plot=depth_plot,
               time_plot=time_plot, download=download, upload=upload, present=present, present_state=present_state,
-              run_state=run_state, tour_btn=tour_btn)
+              run_state=run_state, tour_btn=tour_btn, whatif=whatif)
 
 
 def _compare_view() -> dict[str, Any]:
@@ -293,6 +263,7 @@ def _connect_steps(ui: UI, handlers: Handlers) -> None:
     ui.run_state.change(handlers.on_race, ui.run_state, ui.race, api_name=False, **quiet)
     ui.run_state.change(handlers.on_playback, ui.run_state, ui.playback, api_name=False, **quiet)
     ui.run_state.change(handlers.on_stage, ui.run_state, ui.stage, api_name=False, **quiet)
+    ui.run_state.change(handlers.on_whatif, ui.run_state, ui.whatif, api_name=False, **quiet)
     playing = gr.State(False)
     ui.play_btn.click(handlers.on_play, [playing, ui.step_slider, ui.run_state],
                       [playing, ui.play_timer, ui.play_btn, ui.step_slider], api_name=False, **quiet)
@@ -344,16 +315,18 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
         engine.warmup()
     turns = Turns()
     cache = ExampleCache(engine, turns, Path(examples)) if examples is not None else None
+    costs = CostBook(engine, Path(examples) if examples is not None else None)
     with gr.Blocks(title="FastEagle: speculative decoding, step by step") as demo:
         # the first screen's prompt and stage are in the page itself: drawn before any event answers
         ui = layout(engine, Handlers.first_screen(engine, cache))
-        handlers = Handlers(engine, ui, precompute, turns, cache, _decode_both_gpu)
+        handlers = Handlers(engine, ui, precompute, turns, cache, _decode_both_gpu, costs)
         connect(ui, handlers)
         # the first screen: a finished run (an example's from the cache, else the recorded one shipped)
         demo.load(handlers.on_first, [ui.present_state], ui.outputs, api_name=False, show_progress="hidden")
     demo.queue(default_concurrency_limit=1)
     if cache is not None and spaces is None:
         cache.start()
+        costs.start(turns)
     return demo
 
 

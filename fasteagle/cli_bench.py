@@ -308,20 +308,64 @@ def _bench_compare(args) -> int:
                                                   | {"command": command_line()}, indent=2))
             kept = done
 
+    replay = _what_if_methods(args, methods, settings)
     try:
         if args.tree == "auto":
             _tune_trees(target, methods, settings, prompt_files, args.limit)
         sampling = SamplingParams(args.temperature, args.top_p)
         rows = bench.compare(target, methods, prompts, args.max_new_tokens, sampling, args.seed,
-                             on_prompt=keep_so_far, repeats=args.repeats or 1)
+                             on_prompt=keep_so_far, repeats=args.repeats or 1, replay=replay)
+        doc = bench.result_document(target, rows, settings)
+        if replay:
+            from fasteagle.bench import predict
+            from fasteagle.generate import chat_prompt_ids
+
+            budgets = {m: b[m] if isinstance(b := settings["tree_budget"], dict) else b for m in replay}
+            doc["what_if"] = predict.record(target, methods, {m: rows[m] for m in replay},
+                                            [chat_prompt_ids(target, p["text"]) for p in prompts], budgets, args.seed)
     except KeyboardInterrupt:
         _say_what_was_kept(args.out, kept, done, len(prompts))
         return 130
-    doc = bench.result_document(target, rows, settings)
     if ref is not None:
         doc["reference"] = {"file": args.reference, "dtype": ref.get("settings", {}).get("dtype"),
                             "replies": bench.reply_match(ref, doc)}
     return _report(doc, args.out, charts=True)
+
+
+def _what_if_methods(args, methods: dict, settings: dict) -> frozenset:
+    """--what-if: the cascade methods whose steps the what-if model keeps; each runs every layer, so its
+    steps list the depths a bigger tree would draft (said in `settings`)."""
+    if not args.what_if:
+        return frozenset()
+    from fasteagle.bench.predict import replayable
+
+    names = frozenset(m for m, d in methods.items() if replayable(d))
+    if not names:
+        raise FastEagleError("--what-if replays a cascade drafting alone: add fasteagle (or another cascade) to "
+                             "--methods")
+    for m in names:
+        methods[m].state.all_layers = True
+    settings["what_if"] = {"methods": sorted(names), "all_layers": True}
+    return names
+
+
+def _bench_predict(args) -> int:
+    """--predict RESULT: the speed model at --tree-budget (default: the run's, 16, 32, 60) from RESULT's
+    what-if record; --costs another device's, --against measured runs beside it."""
+    from fasteagle import bench
+    from fasteagle.bench import predict
+
+    doc = bench.read_result(args.predict)
+    predict.read(doc, args.predict)
+    budgets = [args.tree_budget] if args.tree_budget else sorted({*predict.DEFAULT_BUDGETS, *(
+        e["run"]["budget"] for e in doc["what_if"].values())})
+    costs = predict.costs_from_auto(bench.read_result(args.costs), args.costs) if args.costs else None
+    against = [(f, bench.read_result(f)) for f in _names(args.against)] if args.against else []
+    if args.out:
+        _check_out(args.out, charts=False)
+    doc = {"predict": args.predict, "costs_from": args.costs, "depth": args.tree_depth,
+           "methods": predict.table(doc, args.predict, budgets, args.tree_depth, costs, against)}
+    return _report(doc, args.out)
 
 
 def _tune_trees(target, methods: dict, settings: dict, prompt_files: list[str], limit: int | None) -> None:
@@ -354,6 +398,7 @@ DOCS = ("README.md", "docs/results.md")  # the documents whose result tables `be
 # `bench`'s modes, one function each: the first whose flag is given runs (`compare` when none is).
 BENCH_MODES = {
     "rerun": _bench_rerun,
+    "predict": _bench_predict,
     "update_docs": _bench_update_docs,
     "redraw": _bench_redraw,
     "draft_step": _bench_draft_step,
@@ -443,6 +488,19 @@ def add_parser(sub) -> None:
                         "fasteagle-equal, or folders; comma list) by the command it recorded, then --update-docs")
     b.add_argument("--dry-run", dest="dry_run", action="store_true",
                    help="with --rerun: list those results, their commands and minutes; run nothing")
+    b.add_argument("--what-if", dest="what_if", action="store_true",
+                   help="with a method comparison: keep what the speed model needs to predict other budgets (each "
+                        "cascade method's candidates per step, every layer run; this device's verify and draft "
+                        "costs measured after the run); `--predict` reads it")
+    b.add_argument("--predict", default=None, metavar="RESULT",
+                   help="the speed model's tau and tokens/s at --tree-budget (default: the run's, 16, 32, 60) from "
+                        "RESULT's what-if record; nothing is timed")
+    b.add_argument("--tree-depth", dest="tree_depth", type=int, default=None,
+                   help="with --predict: cap the tree's depth (default: every depth the drafter has)")
+    b.add_argument("--costs", default=None, metavar="RESULT",
+                   help="with --predict: another device's costs, from a `--tree auto` result (e.g. the H200's)")
+    b.add_argument("--against", default=None, metavar="RESULTS",
+                   help="with --predict: measured runs at other budgets (comma list) set beside the prediction")
     cli_vllm.add_bench_args(b)
     _add_target_args(b)
     _add_method_args(b)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fasteagle.whatif import product_order
+from fasteagle.treeorder import product_order
 
 
 @dataclass
@@ -164,7 +164,7 @@ def product(root: int, topk_ids: torch.Tensor, topk_probs: torch.Tensor, ks: lis
     depth, so with nothing else worth its node this is `backbone`; at about 60 nodes it accepts
     more (docs/design.md, "The product tree by default").
 
-    Found best first by `fasteagle.whatif.product_order` (a heap, two pushes per kept node), the
+    Found best first by `fasteagle.treeorder.product_order` (a heap, two pushes per kept node), the
     order the what-if model replays: plain Python on a few dozen numbers, because a tensor op per
     depth cost more than the search (docs/design.md, "A lean draft step"). Nodes come out depth by
     depth, the most probable first.

@@ -10,7 +10,7 @@ draft step at budget B, and the rest of a step; the tokens per step come from a 
 Tokens per step at any budget, from one run. A cascade drafts every depth in one forward: depth d's
 candidates (its top-k through the frozen head, `StepTrace.layer_top`) do not depend on which tokens
 were taken above it. So the tree a budget B, and a depth cap D, would have built at a step is the
-tree builder's choice over the same lists (`product_order`, `backbone_order`: the order in which
+tree builder's choice over the same lists (`fasteagle.treeorder`: the order in which
 `fasteagle.tree.product` and `.backbone` take nodes), without running the drafter again. What the
 target would have accepted is known too: the tokens the run emitted from that step on. Greedy, they
 are the target's own continuation, whatever the tree. Sampling, the project's verifier judges a
@@ -30,66 +30,15 @@ Torch-free: the app's pages and `bench --predict` read it without a model.
 
 from __future__ import annotations
 
-import heapq
-import math
 from dataclasses import dataclass, field
 
 from fasteagle import trace
 from fasteagle.errors import FastEagleError
-
-SHAPES = ("product", "backbone")  # `fasteagle.tree.TREE_BUILDERS`' keys, in which order their nodes are taken
+from fasteagle.treeorder import ORDERS, SHAPES
 
 
 class WhatIfError(FastEagleError):
     """A run the model cannot replay (no candidate lists, a tree joined with lookup, no whole step)."""
-
-
-# -- the tree builders' order -----------------------------------------------------------------------
-def product_order(probs: list[list[float]], k_at: list[int], n: int) -> list[tuple[int, int, int]]:
-    """The first `n` nodes `fasteagle.tree.product` keeps, best first: (depth index, rank among the
-    depth's candidates, parent's position in this list + 1, 0 for the root). `probs[d]` are depth d's
-    candidate probabilities, best first; depth d offers `k_at[d]` of them. A path scores the sum of its
-    nodes' log-probabilities less 1e-6 per depth, so a child, even a certain one, ranks below its
-    parent. A heap holds, for each kept node, its best child not yet taken and its next sibling."""
-    k_at = [min(k, len(p)) for k, p in zip(k_at, probs)]
-    if n <= 0 or not k_at or k_at[0] < 1:
-        return []
-    logp = [[math.log(max(p, 1e-30)) for p in row[:k]] for row, k in zip(probs, k_at)]
-    heap = [(-(logp[0][0] - 1e-6), 0, 0, 0, 0.0)]  # (-score, depth index, parent, rank, parent's sum)
-    kept: list[tuple[int, int, int]] = []
-    while heap and len(kept) < n:
-        _, d, parent, r, parent_sum = heapq.heappop(heap)
-        kept.append((d, r, parent))
-        node = len(kept)
-        if r + 1 < k_at[d]:
-            heapq.heappush(heap, (-(parent_sum + logp[d][r + 1] - (d + 1) * 1e-6), d, parent, r + 1, parent_sum))
-        if d + 1 < len(k_at) and k_at[d + 1]:
-            s = parent_sum + logp[d][r]
-            heapq.heappush(heap, (-(s + logp[d + 1][0] - (d + 2) * 1e-6), d + 1, node, 0, s))
-    return kept
-
-
-def backbone_order(probs: list[list[float]], k_at: list[int], n: int) -> list[tuple[int, int, int]]:
-    """The first `n` nodes `fasteagle.tree.backbone` keeps, best first, as `product_order` gives them:
-    the top-1 of each depth continues the backbone, the others are leaves under the backbone node above,
-    each scored by the chance of reaching its parent times its own probability."""
-    k_at = [min(k, len(p)) for k, p in zip(k_at, probs)]
-    cands, reach = [], 1.0
-    for d, (row, k) in enumerate(zip(probs, k_at)):
-        cands += [(-(reach * row[r]), d, r) for r in range(k)]
-        reach *= row[0] if k else 0.0
-    cands.sort()
-    kept, backbone_at = [], {}  # backbone_at: depth index -> its backbone node's position + 1
-    for _, d, r in cands[:max(n, 0)]:
-        if d and d - 1 not in backbone_at:  # a tie kept a node without its parent: the tree ends above it
-            break
-        kept.append((d, r, backbone_at.get(d - 1, 0)))
-        if r == 0:
-            backbone_at[d] = len(kept)
-    return kept
-
-
-ORDERS = {"product": product_order, "backbone": backbone_order}
 
 
 # -- a run, replayed --------------------------------------------------------------------------------
@@ -276,8 +225,13 @@ def nondecreasing(ms: dict) -> dict:
 
 
 def interpolate(ms: dict, size: float) -> float:
-    """The cost at `size` from timed sizes (size -> ms): linear between neighbours, flat past the ends."""
+    """The cost at `size` from timed sizes (size -> ms): linear between neighbours, flat below the
+    smallest, and past the largest along the line through the last two (a forward's cost grows with
+    its tokens there; `Costs.largest` says how far a device's costs were measured)."""
     pts = sorted((float(k), v) for k, v in ms.items())
+    if size > pts[-1][0] and len(pts) > 1:
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        return y1 + max(y1 - y0, 0.0) * (size - x1) / (x1 - x0)
     lo = max((p for p in pts if p[0] <= size), default=pts[0])
     hi = min((p for p in pts if p[0] >= size), default=pts[-1])
     if hi[0] == lo[0]:
@@ -299,6 +253,11 @@ class Costs:
     other_ms: float = 0.0
     source: str = ""
 
+    @property
+    def largest(self) -> int:
+        """The largest tree whose verify cost was measured."""
+        return int(max(self.verify_ms))
+
     def verify(self, size: float) -> float:
         return interpolate(self.verify_ms, size)
 
@@ -307,8 +266,9 @@ class Costs:
         return interpolate(self.draft_ms, budget if depth is None else min(budget, depth + 1))
 
     def anchored(self, budget: int, size: float, draft_ms: float, verify_ms: float, other_ms: float) -> Costs:
-        """These costs moved to pass through a run's own measured step (at `budget`, trees of `size`):
-        the curves give how a cost changes with the tree, the run the level on this machine now."""
+        """These costs moved to pass through a run's own measured step (its draft as at `budget`, its trees
+        of `size` nodes): the curves give how a cost changes with the tree, the run the level on this
+        machine now."""
         dv, dd = verify_ms - self.verify(size), draft_ms - self.draft(budget)
         return Costs(self.label, {k: round(v + dv, 3) for k, v in self.verify_ms.items()},
                      {k: round(v + dd, 3) for k, v in self.draft_ms.items()}, self.step_ms, other_ms, self.source)
@@ -325,6 +285,25 @@ class Costs:
                    float(d.get("other_ms", 0.0)), d.get("source", ""))
 
 
+def record_costs(entry: dict) -> Costs:
+    """A `bench --what-if` record's cost curves (one method's `what_if` entry) moved through its run's own
+    step: the curves give how a cost changes with the tree, the run the level."""
+    run = entry["run"]
+    return Costs.from_dict(entry["costs"]).anchored(run.get("draft_as_budget", run["budget"]), run["tree_size"],
+                                                    run["draft_ms"], run["verify_ms"], run["other_ms"])
+
+
+def costs_from_auto(doc: dict, method: str = "fasteagle") -> Costs | None:
+    """A device's costs from a `bench --tree auto` result (verify ms by mean tree size, draft ms by
+    budget, the decode step; no "rest" of a step is measured there: 0), or None if it holds none."""
+    auto = (doc.get("settings") or {}).get("tree_auto", {}).get(method)
+    if not auto:
+        return None
+    verify = {float(auto["tree_size"][b]): ms for b, ms in auto["verify_ms"].items()}
+    return Costs(f"{doc.get('device', 'a device')}, measured {doc.get('date', '')}", verify,
+                 {int(b): ms for b, ms in auto["draft_ms"].items()}, float(auto["decode_step_ms"]))
+
+
 def predict(g: Grid, costs: Costs, budget: int, depth: int | None = None, chain: bool = False) -> dict:
     """The model at one budget (and depth cap; None: every depth the run listed): tokens per step, tree
     size, the step's three costs, tokens/s and the speed-up over plain decoding's step. `chain`: a chain
@@ -337,7 +316,8 @@ def predict(g: Grid, costs: Costs, budget: int, depth: int | None = None, chain:
         row = g.tau[depth]
         b = max((x for x in g.budgets if x <= budget), default=g.budgets[0])
         tau, size = row[b], g.size[depth][b]
-    draft, verify = costs.draft(budget, depth), costs.verify(size)
+    draft = costs.draft(budget, depth if depth < max(g.depths) else None)
+    verify = costs.verify(size)
     rate = tokens_per_s(tau, draft, verify, costs.other_ms)
     return {"budget": budget, "depth": depth, "chain": chain, "tau": round(tau, 3), "tree_size": round(size, 2),
             "draft_ms": round(draft, 2), "verify_ms": round(verify, 2), "other_ms": round(costs.other_ms, 2),

@@ -132,7 +132,8 @@ def test_auto_tree_tunes_a_drafter_joined_with_lookup(tiny):
 
 def test_interpolated_verify_cost():
     ms = {"1": 10.0, "4": 16.0, "8": 20.0}
-    assert [whatif.interpolate(ms, s) for s in (1, 2, 4, 6, 8, 12)] == [10.0, 12.0, 16.0, 18.0, 20.0, 20.0]
+    # flat below the smallest size, on along the last line past the largest
+    assert [whatif.interpolate(ms, s) for s in (0, 1, 2, 4, 6, 8, 12)] == [10.0, 10.0, 12.0, 16.0, 18.0, 20.0, 24.0]
 
 
 def test_verify_costs_are_made_nondecreasing_by_pooling_only_what_violates_the_order():

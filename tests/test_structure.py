@@ -13,6 +13,7 @@ MAX_LINES = 80
 # Lower layers first; a module may import its own layer's and lower ones, never a higher one.
 LAYERS = [
     {"fasteagle", "fasteagle.env", "fasteagle.errors", "fasteagle.fields", "fasteagle.files", "fasteagle.trace",
+     "fasteagle.whatif", "fasteagle.treeorder",
      "fasteagle.packing", "fasteagle.tree", "fasteagle.vllm_plugin", "fasteagle.vllm_cascade"},
     {"fasteagle.paths", "fasteagle.kvcache", "fasteagle.fused", "fasteagle.lookup", "fasteagle.draftconfig"},
     {"fasteagle.target", "fasteagle.verify", "fasteagle.draftgraph", "fasteagle.draftbase"},
@@ -28,13 +29,13 @@ LAYERS = [
      "fasteagle.bench.timing", "fasteagle.bench.costs", "fasteagle.bench.tune", "fasteagle.bench.reports",
      "fasteagle.bench.plots", "fasteagle.bench.serving", "fasteagle.bench.batches", "fasteagle.bench.rerun",
      "fasteagle.bench.vllm_costs", "fasteagle.bench.distill", "fasteagle.bench.diagnose", "fasteagle.bench.heldout",
-     "fasteagle.bench.heldout_text", "fasteagle.cli_args"},
+     "fasteagle.bench.heldout_text", "fasteagle.bench.predict", "fasteagle.cli_args"},
     {"fasteagle.train.compare"},
     {"fasteagle.cli", "fasteagle.cli_bench", "fasteagle.cli_vllm", "fasteagle.__main__", "fasteagle.train.recipe",
      "fasteagle.train.steps"},
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
     {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine", "fasteagle.app.tour"},
-    {"fasteagle.app.text", "fasteagle.app.examples"},
+    {"fasteagle.app.text", "fasteagle.app.examples", "fasteagle.app.costs", "fasteagle.app.scripts"},
     {"fasteagle.app.screen"},
     {"fasteagle.app.handlers"},
     {"fasteagle.app.loadtest"},

@@ -40,6 +40,7 @@ from viz.tree import (
     tree_height,
     tree_layout,
 )
+from viz.whatif import WHATIF_CSS, WHATIF_JS, whatif_html
 
 __all__ = [
     "ACCEPTED_PATH", "BONUS", "LARGE", "NORMAL", "PLAYBACK_JS", "STAGE_CSS", "STAGE_JS", "Span", "SpanBuilder",
@@ -49,5 +50,5 @@ __all__ = [
     "empty_figure", "glyph_note", "highlighted", "landing_step", "make_run_file", "palette_css", "parse_run_file",
     "playback_html", "present_css", "race_html", "spans_html", "stage_html",
     "time_split_chart", "token_label", "token_spans",
-    "tree_figure", "tree_height", "tree_layout", "visible",
+    "tree_figure", "tree_height", "tree_layout", "visible", "WHATIF_CSS", "WHATIF_JS", "whatif_html",
 ]

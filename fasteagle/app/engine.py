@@ -262,6 +262,11 @@ class Engine:
                                          f"{type(exc).__name__}: {first}") from exc
         return self._drafters[key]
 
+    def default_cascade(self):
+        """The FastEagle drafter, loaded (None if it is not available): whose costs the what-if panel measures."""
+        m = next((m for m in self.available if m.key == "fasteagle"), None)
+        return None if m is None else self.load(m)
+
     def drafter(self, req: Request):
         """The request's drafter, set to its tree settings. The drafters are shared, so call this only
         while holding the decoder's turn (`fasteagle.app.turns`)."""

@@ -22,6 +22,7 @@ import gradio as gr
 
 import viz
 from fasteagle import files
+from fasteagle.app.costs import CostBook
 from fasteagle.app.engine import Engine, Request
 from fasteagle.app.examples import EXAMPLES, ExampleCache, recorded_run, run_record
 from fasteagle.app.screen import UI, Screen, run_labeler, style_for
@@ -58,8 +59,10 @@ class Handlers(Screen):
     as its API description."""
 
     def __init__(self, engine: Engine, ui: UI, precompute: bool, turns: Turns | None = None,
-                 examples: ExampleCache | None = None, decode_both: Callable[[Request, bool], dict] | None = None):
+                 examples: ExampleCache | None = None, decode_both: Callable[[Request, bool], dict] | None = None,
+                 costs: CostBook | None = None):
         self.engine, self.ui, self.precompute = engine, ui, precompute
+        self.costs = costs or CostBook(engine, None)  # the what-if panel's presets
         self.turns = turns or Turns()
         self.examples = examples
         self.decode_both = decode_both or engine.decode_both  # on ZeroGPU: inside a spaces.GPU function

@@ -16,6 +16,7 @@ import gradio as gr
 
 import viz
 from fasteagle import trace
+from fasteagle.app.costs import CostBook
 from fasteagle.app.engine import MAX_NEW_TOKENS, Engine
 from fasteagle.app.text import badge_html, fmt_stats, modelled_badge, modelled_stats, step_markdown, summary_markdown
 from fasteagle.methods import MAX_BUDGET
@@ -47,6 +48,7 @@ class UI:
     van_reply: gr.HTML
     badge: gr.HTML
     stage: gr.HTML  # set from run_state: the step on screen in phases, played in the browser (viz.stepper)
+    whatif: gr.HTML  # set from run_state: the speed at other tree sizes (viz.whatif)
     race: gr.HTML  # set from run_state (not an API output): a finished run's forwards, both ways
     playback: gr.HTML  # set from run_state: both replies played at their measured speeds (in the browser)
     tree_plot: gr.Plot
@@ -101,6 +103,7 @@ class Screen:
 
     engine: Engine  # labels tokens, lists the methods a replayed file may name
     ui: UI
+    costs: CostBook  # the what-if panel's presets
 
     def finish(self, run: dict, label: Callable[[int], str], style: viz.TreeStyle = viz.NORMAL) -> dict:
         """Every end-of-run output from a run record (a fresh run or an uploaded file), its tree drawn
@@ -196,6 +199,16 @@ class Screen:
         except Exception:  # an odd replayed file: the placeholder rather than a broken page
             log.exception("drawing the stage failed")
             return viz.stage_html(None)
+
+    # the what-if panel: the run's speed at other tree sizes (the reason where the model cannot replay it)
+    def on_whatif(self, run):
+        if not isinstance(run, dict) or not run.get("sides"):
+            return viz.whatif_html(None)
+        try:
+            return viz.whatif_html(run, self.costs.presets())
+        except Exception:  # an odd replayed file: the placeholder rather than a broken page
+            log.exception("drawing the what-if panel failed")
+            return viz.whatif_html(None)
 
     # a click on a token of the speculative reply: the slider moves to the step that emitted it
     # (its change event then draws that step), unless it is there already

@@ -165,7 +165,7 @@ def result_document(target: Target, rows: dict, settings: dict) -> dict:
     return {"device": device_name(target.device), "target": target.name,
             "date": datetime.date.today().isoformat(), "torch": torch.__version__, "settings": settings,
             "methods": summarize(rows, sampling), "per_category": per_cat,
-            "rows": {m: [{k: v for k, v in r.items() if k != "tokens"} | {"n": len(r["tokens"]),
+            "rows": {m: [{k: v for k, v in r.items() if k not in ("tokens", "replay")} | {"n": len(r["tokens"]),
                                                                           "reply": reply_digest(r["tokens"])}
                          for r in rs] for m, rs in rows.items()}}
 
@@ -207,6 +207,10 @@ def markdown_table(doc: dict) -> str:
         return markdown(doc)
     if "batches" in doc:
         from fasteagle.bench.batches import markdown
+
+        return markdown(doc)
+    if "predict" in doc:
+        from fasteagle.bench.predict import markdown
 
         return markdown(doc)
     if "renumbered_max_gap" in doc:

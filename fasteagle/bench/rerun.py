@@ -32,7 +32,7 @@ from fasteagle.errors import FastEagleError
 DOCUMENTS = ("README.md", "docs/*.md", "fasteagle/app/*.py")  # where a published result is linked from
 LINK = re.compile(r"bench/results/([\w.+-]+\.json)")
 LOAD_S = 45.0  # a method's load and warm-up, where a result predates its recorded wall time
-READS = ("--step-costs",)  # flags whose value is another result file the command reads
+READS = ("--step-costs", "--predict")  # flags whose value is another result file the command reads
 SKIP = ("per_category", "rows", "tree_auto", "runs", "budget_curve", "pages")  # blocks that repeat a method's tokens
 
 

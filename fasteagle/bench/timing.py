@@ -20,9 +20,10 @@ HF_METHODS = ("hf-generate", "hf-prompt-lookup")
 
 
 def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: int, sampling: SamplingParams,
-             seed: int, stop: bool = True) -> dict:
+             seed: int, stop: bool = True, replay: bool = False) -> dict:
     """Decode one prompt with one method and measure it (`stop`=False: all `max_new` tokens, stop
-    tokens or not, as a warmup wants)."""
+    tokens or not, as a warmup wants; `replay`: keep the steps as the what-if model reads them, under
+    `replay`, read after the clock stopped)."""
     dev = target.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -44,7 +45,20 @@ def time_one(target: Target, ids: torch.Tensor, method: str, drafter, max_new: i
             "verify_ms": statistics.fmean([s.verify_ms for s in steps]) if steps else 0.0,
             "accepted_lengths": trace.step_lengths(steps),  # the schema's name: tokens per step, bonus included
             "depth_reached": reached, "depth_accepted": accepted, "below_judged": below_judged,
-            "below_accepted": below_accepted, "peak_mb": _peak_mb(dev)}
+            "below_accepted": below_accepted, "peak_mb": _peak_mb(dev),
+            "tree_size": statistics.fmean(len(s.tree["tokens"]) for s in steps) if steps else 1.0,
+            "replay": _replay(traces, drafter) if replay and steps else None}
+
+
+def _replay(traces: list, drafter):
+    """The what-if model's reading of a decode (None where it cannot read it: the error says why, and
+    `bench --what-if` reports the method as unreplayed)."""
+    from fasteagle import whatif
+
+    try:
+        return whatif.replay(traces, drafter.tree_shape, drafter.tree_k, drafter.tree_budget)
+    except whatif.WhatIfError:
+        return None
 
 
 def _time_hf(target: Target, ids: torch.Tensor, max_new: int, sampling: SamplingParams, seed: int,
@@ -80,12 +94,13 @@ def _peak_mb(dev: torch.device) -> float | None:
 
 def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 128,
             sampling: SamplingParams | None = None, seed: int = 0, warmup: int = 1,
-            on_prompt: Callable[[dict], None] | None = None, repeats: int = 1) -> dict:
+            on_prompt: Callable[[dict], None] | None = None, repeats: int = 1, replay: frozenset = frozenset()) -> dict:
     """Run every method on every prompt, interleaved prompt by prompt. `methods`: name -> drafter
     (None for vanilla and the hf-* methods). Returns the per-prompt rows by method. With `repeats`, each
     prompt is decoded that many times by every method in turn, and its row keeps the first decode with
     the median wall time (`wall_s_runs`: every run's). `on_prompt(rows)` runs after each prompt (every
-    method then has as many rows), so a run cut short by a time limit can still keep what it measured."""
+    method then has as many rows), so a run cut short by a time limit can still keep what it measured.
+    The methods in `replay` keep their steps for the what-if model (`time_one`)."""
     sampling = sampling or SamplingParams()
     encoded = [chat_prompt_ids(target, p["text"]) for p in prompts]
     # Warm up on the longest prompt for the whole max_new, past any stop token: every decode path runs,
@@ -99,7 +114,8 @@ def compare(target: Target, methods: dict, prompts: list[dict], max_new: int = 1
         runs = {name: [] for name in names}
         for _ in range(repeats):
             for name in names[i % len(names):] + names[:i % len(names)]:  # each method goes first in turn
-                runs[name].append(time_one(target, ids, name, methods[name], max_new, sampling, seed))
+                runs[name].append(time_one(target, ids, name, methods[name], max_new, sampling, seed,
+                                           replay=name in replay))
         for name, rs in runs.items():
             walls = [r["wall_s"] for r in rs]
             extra = {"wall_s": statistics.median(walls), "wall_s_runs": walls} if repeats > 1 else {}

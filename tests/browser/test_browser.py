@@ -739,3 +739,48 @@ def test_eagle3s_draft_grows_depth_by_depth_and_the_cascades_at_once(app_url, pa
         page.wait_for_timeout(250)
     assert seen[0] < seen[-1] and len(set(seen)) >= 3, seen  # the tree grew in several beats
     assert page.evaluate(passes) >= 3  # one bar per pass, then verify
+
+
+WHATIF = """() => { const b = document.querySelector('#whatif .fe-whatif');
+    return {ready: b && b.dataset.ready, read: (b.querySelector('.fe-wi-read') || {}).innerText || '',
+            note: (b.querySelector('.fe-wi-note') || {}).innerText || '',
+            state: window.feWhatIf && window.feWhatIf.state(),
+            points: (b.querySelector('.fe-wi-plot polyline') || {getAttribute: () => ''}).getAttribute('points'),
+            run: !!b.querySelector('.fe-wi-plot rect'), ranks: b.querySelectorAll('.fe-wi-ranks tr').length}; }"""
+
+
+def test_the_what_if_panel_answers_its_sliders_at_once(app_url, page):
+    """The first screen's run in the what-if panel: its curve with the run measured on it; the budget
+    slider, moved by the keyboard, and the costs' presets redraw the read-out in the same frame (no
+    server call); the GPU preset goes to bigger trees. Screenshot: assets/screenshot-whatif.png."""
+    url, _ = app_url
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => document.querySelector('#whatif .fe-whatif')?.dataset.ready === '1'",
+                           timeout=30_000)
+    first = page.evaluate(WHATIF)
+    assert first["state"]["budget"] == 6 and first["run"] and first["ranks"] >= 3, first
+    assert "tokens per step" in first["read"] and "replayed" in first["note"]
+    rng = page.locator("#whatif input.fe-wi-budget")
+    rng.focus()
+    took = page.evaluate("""() => new Promise((done) => {
+        const el = document.querySelector('#whatif input.fe-wi-budget');
+        const read = document.querySelector('#whatif .fe-wi-read');
+        const before = read.innerText, t0 = performance.now();
+        el.value = el.max; el.dispatchEvent(new Event('input'));
+        done({ms: performance.now() - t0, changed: read.innerText !== before}); })""")
+    assert took["changed"] and took["ms"] < 50, took
+    page.keyboard.press("Home")
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate(WHATIF)["state"]["budget"] == 2
+    page.evaluate("() => window.feWhatIf.set(60)")
+    at60 = page.evaluate(WHATIF)
+    assert "Tree, 56 nodes" in at60["read"] or "Tree, 64 nodes" in at60["read"] or "Tree, 60" in at60["read"]
+    page.locator("#whatif").get_by_text("H200").click()
+    gpu = page.evaluate(WHATIF)
+    assert gpu["state"]["preset"] == 1 and not gpu["run"] and gpu["read"] != at60["read"]
+    page.evaluate("() => window.feWhatIf.set(128)")
+    assert "Tree, 128 nodes" in page.evaluate(WHATIF)["read"]
+    page.evaluate("() => window.feWhatIf.set(32, undefined, 0)")
+    page.locator("#whatif-box").scroll_into_view_if_needed()
+    page.locator("#whatif-box").screenshot(path=str(SCREENSHOT.with_name("screenshot-whatif.png")))
