@@ -53,6 +53,7 @@ class Replay:
     k_at: list[int] = field(default_factory=list)  # candidates offered per depth
     run_budget: int = 0  # the run's own node budget
     run_tau: float = 0.0  # tokens per step the run measured (all its decode steps)
+    room: list[int] = field(default_factory=list)  # per step: most tokens it can emit (the reply ends there), 0: no end
 
     @property
     def depths(self) -> int:
@@ -79,7 +80,7 @@ def replay(steps, shape: str = "product", k=None, budget: int = 0) -> Replay:
                           "version-2 trace): the what-if model needs them")
     emitted = [[int(t) for t in (trace._get(s, "tokens") or [])] for s in decode]
     ended = trace._get(decode[-1], "finished") == "eos"
-    probs, ranks = [], []
+    probs, ranks, room = [], [], []
     after = [t for e in emitted for t in e]  # the reply after each step's root, consumed step by step
     for s, e in zip(decode, emitted):
         top = trace._get(s, "layer_top")
@@ -96,6 +97,7 @@ def replay(steps, shape: str = "product", k=None, budget: int = 0) -> Replay:
             r_list.append(ids.index(truth[d]))
         probs.append(row_probs)
         ranks.append(r_list)
+        room.append(len(truth) if ended and len(truth) <= len(top) else 0)  # no bonus after the stop token
     if not probs:
         raise WhatIfError("no step of this run left enough of the reply after it to replay (a longer run will)")
     n = min(len(p) for p in probs)
@@ -104,7 +106,7 @@ def replay(steps, shape: str = "product", k=None, budget: int = 0) -> Replay:
     else:
         k_at = [int(k)] * n if isinstance(k, int) else ([int(x) for x in k] + [1] * n)[:n]
     lengths = trace.step_lengths(decode)
-    return Replay(probs, ranks, shape, k_at, int(budget), trace.tau(sum(lengths), len(lengths)))
+    return Replay(probs, ranks, shape, k_at, int(budget), trace.tau(sum(lengths), len(lengths)), room)
 
 
 def accepted(order: list[tuple[int, int, int]], ranks: list[int]) -> list[int]:
@@ -164,16 +166,18 @@ def grid(rep: Replay, budgets) -> Grid:
     for cap in range(1, rep.depths + 1):
         hits = {b: 0 for b in budgets}
         nodes = {b: 0 for b in budgets}
-        for probs, ranks in zip(rep.probs, rep.ranks):
+        for probs, ranks, room in zip(rep.probs, rep.ranks, rep.room or [0] * len(rep.probs)):
             order = order_of(probs[:cap], rep.k_at[:cap], budgets[-1] - 1)
             reach = accepted(order, ranks[:cap])
             for b in budgets:
-                hits[b] += sum(1 for pos in reach if pos <= b - 1)  # nested: the reached prefix
+                emitted = 1 + sum(1 for pos in reach if pos <= b - 1)  # the reached prefix (nested), the bonus
+                hits[b] += min(emitted, room) if room else emitted
                 nodes[b] += min(b, len(order) + 1)
         n = len(rep.probs)
-        tau[cap] = {b: round(1 + hits[b] / n, 4) for b in budgets}
+        tau[cap] = {b: round(hits[b] / n, 4) for b in budgets}
         size[cap] = {b: round(nodes[b] / n, 2) for b in budgets}
-        chain[cap] = round(1 + sum(_leading_zeros(r[:cap]) for r in rep.ranks) / n, 4)
+        chain[cap] = round(sum(min(1 + _leading_zeros(r[:cap]), room or cap + 1)
+                               for r, room in zip(rep.ranks, rep.room or [0] * n)) / n, 4)
     return Grid(budgets, tau, size, chain, len(rep.probs), rep.run_budget, round(rep.run_tau, 4))
 
 

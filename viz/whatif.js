@@ -72,6 +72,7 @@ function draw() {
   b.max = String(bs.length - 1);
   b.value = String(W.bi);
   box.querySelector('.fe-wi-depth').value = String(W.depth);
+  box.querySelectorAll('input[type=radio]').forEach((r) => { r.checked = Number(r.value) === W.preset; });
   box.querySelector('.fe-wi-bval').textContent = bs[W.bi];
   box.querySelector('.fe-wi-dval').textContent = W.depth;
   // the plot: speed-up over plain decoding against the node budget (log axis), tree and chain

@@ -39,7 +39,8 @@ def pooled(replays: list[whatif.Replay], budget: int) -> whatif.Replay:
     first = replays[0]
     n = sum(len(r.probs) for r in replays)
     return whatif.Replay([p for r in replays for p in r.probs], [k for r in replays for k in r.ranks], first.shape,
-                         first.k_at, budget, sum(r.run_tau * len(r.probs) for r in replays) / max(n, 1))
+                         first.k_at, budget, sum(r.run_tau * len(r.probs) for r in replays) / max(n, 1),
+                         [x for r in replays for x in (r.room or [0] * len(r.probs))])
 
 
 def record(target, methods: dict, rows: dict, encoded: list, budgets: dict, seed: int = 0) -> dict:
@@ -146,8 +147,9 @@ def markdown(doc: dict) -> str:
     lines = []
     for m, d in doc["methods"].items():
         c, run = d["costs"], d["run"]
+        source = f" ({c['source']})" if c.get("source") else ""
         lines += [f"**{m}**, from `{Path(doc['predict']).name}` (its own {run['budget']}-node run, tau {run['tau']}; "
-                  f"{d['steps']} steps replayed), costs: {c['label']}" + (f" ({c['source']})" if c.get("source") else ""),
+                  f"{d['steps']} steps replayed), costs: {c['label']}{source}",
                   "", "| budget | tau | tree | draft ms | verify ms | decode tokens/s | with prefill | measured tau | "
                   "measured decode | measured with prefill | error tau | error decode | error with prefill |",
                   "|---" * 13 + "|"]
