@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fasteagle import cli_bench, cli_vllm
+from fasteagle import cli_bench, cli_inspect, cli_vllm
 from fasteagle.cli_args import (  # noqa: F401  (make_drafter, method_settings: the commands' and tests' entry)
     _add_method_args,
     _add_target_args,
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     cli_bench.add_parser(sub)
     cli_vllm.add_parsers(sub)
+    cli_inspect.add_parser(sub)
     return parser
 
 

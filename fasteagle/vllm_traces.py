@@ -19,16 +19,39 @@ UNREPORTED_LABEL = "?"
 
 def chain_steps(token_ids: list[int], accepted: list[int], drafted: list[int], unreported: int) -> list[dict]:
     """StepTrace dicts of one reply: the prefill's token, then one chain per verify step (`accepted[j]` of
-    `drafted[j]` drafts accepted; the step emitted those and its bonus token, the last step maybe cut short)."""
+    `drafted[j]` drafts accepted; the step emitted those and its bonus token, the last step maybe cut short),
+    then the tokens after the last reported step, one plain step each (where vLLM drafted nothing)."""
+    records, pos = [], 1
+    for a, d in zip(accepted, drafted):
+        n = len(token_ids[pos:pos + a + 1])
+        if not n:
+            break
+        records.append((n, d, a, 0.0))
+        pos += n
+    records += [(1, 0, 0, 0.0)] * (len(token_ids) - pos)
+    return placed_steps(token_ids, records, unreported)
+
+
+def placed_steps(token_ids: list[int], records: list[tuple[int, int, int, float]], unreported: int,
+                 prefill_ms: float = 0.0) -> list[dict]:
+    """StepTrace dicts of one reply from its steps in order: the prefill's token, then per decode step
+    (tokens emitted, drafts made, drafts accepted, ms). A step that drafted is a chain: its root (the last
+    step's bonus token), the accepted drafts (known: they are in the reply), then the rejected draft and the
+    ones after it as `unreported`; a step that drafted nothing emits the target's token alone."""
     first = token_ids[0]
-    steps = [StepTrace(step=0, tokens=[first], token_depths=[0], text="", draft_ms=0.0, verify_ms=0.0,
+    steps = [StepTrace(step=0, tokens=[first], token_depths=[0], text="", draft_ms=0.0, verify_ms=prefill_ms,
                        generated=1, forwards=0, bonus=first).to_dict()]
     pos, root = 1, first
-    for j, (a, d) in enumerate(zip(accepted, drafted), start=1):
-        emitted = token_ids[pos:pos + a + 1]
+    for j, (n, d, a, ms) in enumerate(records, start=1):
+        emitted = token_ids[pos:pos + n]
         if not emitted:
             break
         pos += len(emitted)
+        if not d:
+            steps.append(StepTrace(step=j, tokens=emitted, token_depths=[0] * len(emitted), text="", draft_ms=0.0,
+                                   verify_ms=ms, generated=pos, forwards=j, bonus=emitted[-1]).to_dict())
+            root = emitted[-1]
+            continue
         cut = len(emitted) <= a  # the reply ended inside the accepted drafts: no bonus token this step
         drafts = emitted[:a] if not cut else emitted
         nodes = [root, *drafts, *[unreported] * (d - len(drafts))]
@@ -38,15 +61,10 @@ def chain_steps(token_ids: list[int], accepted: list[int], drafted: list[int], u
                 "draft_probs": [1.0] * len(nodes), "sources": [0] * len(nodes)}
         bonus = emitted[-1] if not cut else -1
         steps.append(StepTrace(step=j, tokens=emitted, token_depths=[*range(1, len(drafts) + 1), *[0] * (not cut)],
-                               text="", draft_ms=0.0, verify_ms=0.0, tree=tree, status=status,
+                               text="", draft_ms=0.0, verify_ms=ms, tree=tree, status=status,
                                path=list(range(len(drafts) + 1)), generated=pos, forwards=j,
                                bonus=bonus).to_dict())
         root = bonus
-    if pos < len(token_ids):  # tokens after the last reported step (vLLM's plain steps): one per step
-        for t in token_ids[pos:]:
-            pos += 1
-            steps.append(StepTrace(step=len(steps), tokens=[t], token_depths=[0], text="", draft_ms=0.0,
-                                   verify_ms=0.0, generated=pos, forwards=len(steps), bonus=t).to_dict())
     return steps
 
 

@@ -13,7 +13,7 @@ MAX_LINES = 80
 # Lower layers first; a module may import its own layer's and lower ones, never a higher one.
 LAYERS = [
     {"fasteagle", "fasteagle.env", "fasteagle.errors", "fasteagle.fields", "fasteagle.files", "fasteagle.trace",
-     "fasteagle.whatif", "fasteagle.treeorder",
+     "fasteagle.whatif", "fasteagle.treeorder", "fasteagle.inspection", "fasteagle.vllm_inspect",
      "fasteagle.packing", "fasteagle.tree", "fasteagle.vllm_plugin", "fasteagle.vllm_cascade"},
     {"fasteagle.paths", "fasteagle.kvcache", "fasteagle.fused", "fasteagle.lookup", "fasteagle.draftconfig"},
     {"fasteagle.target", "fasteagle.verify", "fasteagle.draftgraph", "fasteagle.draftbase"},
@@ -31,7 +31,8 @@ LAYERS = [
      "fasteagle.bench.vllm_costs", "fasteagle.bench.distill", "fasteagle.bench.diagnose", "fasteagle.bench.heldout",
      "fasteagle.bench.heldout_text", "fasteagle.bench.predict", "fasteagle.cli_args"},
     {"fasteagle.train.compare"},
-    {"fasteagle.cli", "fasteagle.cli_bench", "fasteagle.cli_vllm", "fasteagle.__main__", "fasteagle.train.recipe",
+    {"fasteagle.cli", "fasteagle.cli_bench", "fasteagle.cli_vllm", "fasteagle.cli_inspect", "fasteagle.__main__",
+     "fasteagle.train.recipe",
      "fasteagle.train.steps"},
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
     {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine", "fasteagle.app.tour"},
