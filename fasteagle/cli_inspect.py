@@ -7,6 +7,7 @@ those that finished, then says what went wrong in one line."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,8 +63,11 @@ def cmd_inspect(args) -> int:
     return _from_engine(args, prompts, out)
 
 
-def _write(out: Path, rows: list[dict], source: dict) -> int:
+def _write(out: Path, rows: list[dict], source: dict, refused: list[dict] = ()) -> int:
     doc = inspection.summary(rows, source | {"date": time.strftime("%Y-%m-%d %H:%M")})
+    if refused:
+        doc["refused"] = list(refused)
+        print(f"{len(refused)} request(s) refused by the server, left out: {refused[0]['reason']}", file=sys.stderr)
     files.write_text(out / "summary.json", json.dumps(doc, indent=2))
     files.write_text(out / "report.html", inspection.report_html(doc))
     agg = doc["aggregates"]
@@ -104,6 +108,9 @@ def _from_server(args, prompts: list[dict], out: Path) -> int:
         files.write_text(out / "traces" / name, json.dumps(run, separators=(",", ":")))
         return inspection.row_from_steps(
             steps, p, labels, unknown=UNREPORTED, trace=f"traces/{name}", stream_merged=merged,
+            # tokens the server counted past the reply's end (its step counts are taken before a stop or the
+            # length limit trims the last step): its mean acceptance length counts them, our tau does not
+            counted_past_end=sum(a + 1 - n for n, d, a, _ in records if d and n < a + 1),
             mean_acceptance_length=spec.get("mean_acceptance_length"),
             acceptance_histogram=spec.get("acceptance_histogram"), num_spec_steps=spec.get("num_spec_steps"),
             num_draft_tokens=spec.get("num_draft_tokens"),
@@ -118,19 +125,27 @@ def _run_all(out: Path, prompts: list[dict], one, concurrency: int, source: dict
     that finished are written, then the error is raised."""
     from tqdm.auto import tqdm
 
+    from fasteagle.vllm_inspect import Refused
+
     rows: dict[int, dict] = {}
+    refused: list[dict] = []
     with ThreadPoolExecutor(concurrency) as pool:
         futures = {pool.submit(one, i): i for i in range(len(prompts))}
         try:
             for f in tqdm(futures, desc="inspect", unit="request"):
-                rows[futures[f]] = f.result()
+                try:
+                    rows[futures[f]] = f.result()
+                except Refused as exc:  # this request only: said in the summary and at the end
+                    p = prompts[futures[f]]
+                    refused.append({"id": p["id"], "category": p["category"], "reason": str(exc)})
         except FastEagleError:
             for f in futures:
                 f.cancel()
             if rows:
-                _write(out, [rows[i] for i in sorted(rows)], source | {"partial": f"{len(rows)} of {len(prompts)}"})
+                _write(out, [rows[i] for i in sorted(rows)], source | {"partial": f"{len(rows)} of {len(prompts)}"},
+                       refused)
             raise
-    return _write(out, [rows[i] for i in sorted(rows)], source)
+    return _write(out, [rows[i] for i in sorted(rows)], source, refused)
 
 
 def _from_engine(args, prompts: list[dict], out: Path) -> int:

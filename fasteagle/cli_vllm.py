@@ -94,7 +94,9 @@ def serve_command(args, drafter: Path | None) -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", target_dir(args.target),
             "--dtype", args.dtype, "--enforce-eager", "--max-model-len", str(args.max_model_len),
             "--host", args.host, "--port", str(args.port), "--served-model-name", args.target or "fasteagle",
-            *(["--speculative-config", json.dumps(spec)] if spec else [])]
+            "--enable-per-request-metrics",  # what `inspect --server` reads, request by request
+            *(["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"] if spec
+              else [])]
 
 
 def cmd_serve(args) -> int:

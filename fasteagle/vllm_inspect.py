@@ -32,6 +32,11 @@ PINNED = "0.32"  # the vLLM version whose per-request fields this reader was wri
 FLAGS = "--per-request-spec-decode-metrics detailed --enable-per-request-metrics"
 
 
+class Refused(FastEagleError):
+    """The server refused one request (HTTP 4xx: a prompt longer than its context, say): that request is
+    skipped and said, the others go on."""
+
+
 @dataclass
 class Reply:
     """One streamed request: its token ids, the chunks' (arrival s after the request, token count), the
@@ -100,8 +105,12 @@ def ask(base: str, model: str, text: str, max_tokens: int, temperature: float, t
                     break
                 _take(out, json.loads(data), time.perf_counter() - t0)
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")[:200]
-        raise FastEagleError(f"the server refused the request (HTTP {exc.code}): {detail}") from None
+        try:
+            detail = json.loads(exc.read().decode("utf-8", "replace"))["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            detail = exc.reason
+        cls = Refused if 400 <= exc.code < 500 else FastEagleError
+        raise cls(f"the server refused the request (HTTP {exc.code}): {str(detail).splitlines()[0][:300]}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise FastEagleError(f"the server at {base} dropped the connection mid-request ({exc})") from None
     if not done:
