@@ -31,6 +31,7 @@ import viz  # noqa: E402
 from fasteagle.app.costs import CostBook  # noqa: E402
 from fasteagle.app.engine import EQUAL_INFO, EQUAL_LABEL, MAX_NEW_TOKENS, Engine, Request  # noqa: E402
 from fasteagle.app.examples import EXAMPLES, ExampleCache, default_max_new  # noqa: E402
+from fasteagle.app.explorer import Explorer  # noqa: E402
 from fasteagle.app.handlers import Handlers  # noqa: E402
 from fasteagle.app.screen import UI  # noqa: E402
 from fasteagle.app.scripts import COMPARE_JS, MARK_STEP_JS, PRESENT_JS, REPLY_JS, SCROLL_JS  # noqa: E402
@@ -57,7 +58,7 @@ RUN_CONCURRENCY = 64  # pages whose /run is served at once: waiting for the deco
 
 # the page's styles: its own file, then the pictures' and the tour's
 CSS = (Path(__file__).with_name("fasteagle") / "app" / "page.css").read_text(encoding="utf-8") + \
-    viz.present_css() + viz.STAGE_CSS + viz.WHATIF_CSS + TOUR_CSS + viz.palette_css()
+    viz.present_css() + viz.STAGE_CSS + viz.WHATIF_CSS + viz.EXPLORER_CSS + TOUR_CSS + viz.palette_css()
 
 
 
@@ -321,6 +322,8 @@ def build_app(target: Target | None = None, drafter_dir: str | Path | None = Non
         ui = layout(engine, Handlers.first_screen(engine, cache))
         handlers = Handlers(engine, ui, precompute, turns, cache, _decode_both_gpu, costs)
         connect(ui, handlers)
+        explorer = Explorer(env().inspect_dirs)  # a room of its own, at the page's foot
+        explorer.connect(explorer.layout(), handlers, ui)
         # the first screen: a finished run (an example's from the cache, else the recorded one shipped)
         demo.load(handlers.on_first, [ui.present_state], ui.outputs, api_name=False, show_progress="hidden")
     demo.queue(default_concurrency_limit=1)

@@ -64,7 +64,9 @@ def cmd_inspect(args) -> int:
 
 
 def _write(out: Path, rows: list[dict], source: dict, refused: list[dict] = ()) -> int:
-    doc = inspection.summary(rows, source | {"date": time.strftime("%Y-%m-%d %H:%M")})
+    from fasteagle.cli_args import command_line
+
+    doc = inspection.summary(rows, source | {"date": time.strftime("%Y-%m-%d %H:%M")}) | {"command": command_line()}
     if refused:
         doc["refused"] = list(refused)
         print(f"{len(refused)} request(s) refused by the server, left out: {refused[0]['reason']}", file=sys.stderr)

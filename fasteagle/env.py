@@ -26,6 +26,7 @@ class Env:
     drafter: str | None  # the app's FASTEAGLE_DRAFTER: the FastEagle drafter directory
     eagle3_drafter: str | None  # the app's FASTEAGLE_EAGLE3_DRAFTER
     precompute: bool  # the app's FASTEAGLE_PRECOMPUTE=1: decode first, then animate
+    inspect_dirs: tuple[Path, ...] = ()  # the app's FASTEAGLE_INSPECT_DIRS: folders of inspect summaries it lists
 
 
 def env() -> Env:
@@ -44,4 +45,5 @@ def env() -> Env:
         drafter=get("FASTEAGLE_DRAFTER") or None,
         eagle3_drafter=get("FASTEAGLE_EAGLE3_DRAFTER") or None,
         precompute=get("FASTEAGLE_PRECOMPUTE", "") not in ("", "0"),
+        inspect_dirs=tuple(Path(p).expanduser() for p in (get("FASTEAGLE_INSPECT_DIRS") or "").split(os.pathsep) if p),
     )

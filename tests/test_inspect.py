@@ -203,3 +203,35 @@ def test_inspect_a_bench_result_and_our_engine(tiny, tmp_path, monkeypatch):
     assert run["meta"]["method_key"] == "lookup" and row["forwards"] == len(run["sides"]["speculative"]["traces"]) - 1
     cmp = inspection.compare(doc["rows"], [r | {"tau": r["tau"] + 0.5 * (i == 3)} for i, r in enumerate(doc["rows"])])
     assert cmp[-1]["delta"] == 0.5 and cmp[0]["delta"] == 0.0
+
+
+def test_the_explorer_lists_the_operators_summaries_and_opens_only_their_traces(tmp_path):
+    """The explorer's data: each summary's rows and aggregates, two compared who loses most first; only
+    summaries in the listed folders are offered, and a request opens only a trace file beside its summary."""
+    from types import SimpleNamespace
+
+    from fasteagle.app.explorer import Explorer
+    from viz import explorer
+
+    rows = [{"id": f"p{i}", "category": "qa", "tokens": 10, "forwards": 5 + i, "tau": round(9 / (5 + i), 4),
+             "drafted": [3], "accepted": [1], "accepted_histogram": [2, 3], "trace": f"traces/{i}.json"}
+            for i in range(3)]
+    for name, shift in (("before", 0.0), ("after", -0.2)):
+        (tmp_path / "inspect" / name / "traces").mkdir(parents=True)
+        doc = inspection.summary([r | {"tau": r["tau"] + shift * (r["id"] == "p1")} for r in rows], {"kind": "engine"})
+        (tmp_path / "inspect" / name / "summary.json").write_text(json.dumps(doc))
+    (tmp_path / "inspect" / "before" / "traces" / "0.json").write_text("{}")
+    ex = Explorer([tmp_path / "inspect"])
+    assert set(ex.found()) == {"inspect/before", "inspect/after"}
+    page, state = ex.on_pick("inspect/before", "inspect/after")
+    assert 'data-ex="' in page and state == {"dir": str(tmp_path / "inspect" / "before")}
+    data = explorer.explorer_data(inspection.read_summary(tmp_path / "inspect" / "before" / "summary.json"),
+                                  inspection.read_summary(tmp_path / "inspect" / "after" / "summary.json"))
+    assert data["compare"][0]["id"] == "p1" and data["compare"][0]["delta"] == pytest.approx(-0.2)
+    assert data["a"]["rows"][0]["trace"] is None  # an uploaded summary's traces are not on this machine
+    opened = []
+    ex.screen = SimpleNamespace(ui=SimpleNamespace(outputs=[]), on_upload=lambda path, present: opened.append(path))
+    ex.on_open(state, False, SimpleNamespace(trace="traces/0.json"))
+    ex.on_open(state, False, SimpleNamespace(trace="../after/summary.json"))  # outside the summary's folder: no
+    assert opened == [str((tmp_path / "inspect" / "before" / "traces" / "0.json").resolve())]
+    assert "Load an inspect summary" in explorer.explorer_html(None)

@@ -36,7 +36,8 @@ LAYERS = [
      "fasteagle.train.steps"},
     # the app's glue, above the library it serves (it also reads viz/, which reads only fasteagle.trace)
     {"fasteagle.app", "fasteagle.app.turns", "fasteagle.app.engine", "fasteagle.app.tour"},
-    {"fasteagle.app.text", "fasteagle.app.examples", "fasteagle.app.costs", "fasteagle.app.scripts"},
+    {"fasteagle.app.text", "fasteagle.app.examples", "fasteagle.app.costs", "fasteagle.app.scripts",
+     "fasteagle.app.explorer"},
     {"fasteagle.app.screen"},
     {"fasteagle.app.handlers"},
     {"fasteagle.app.loadtest"},

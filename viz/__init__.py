@@ -8,6 +8,7 @@ from viz.charts import (
     depth_acceptance_lines,
     time_split_chart,
 )
+from viz.explorer import EXPLORER_CSS, EXPLORER_JS, explorer_html
 from viz.palette import palette_css
 from viz.playback import PLAYBACK_JS, decode_seconds, playback_html
 from viz.race import landing_step, race_html
@@ -51,4 +52,5 @@ __all__ = [
     "playback_html", "present_css", "race_html", "spans_html", "stage_html",
     "time_split_chart", "token_label", "token_spans",
     "tree_figure", "tree_height", "tree_layout", "visible", "WHATIF_CSS", "WHATIF_JS", "whatif_html",
+    "EXPLORER_CSS", "EXPLORER_JS", "explorer_html",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = os.environ.get("FASTEAGLE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-SCREENSHOT = Path(__file__).resolve().parents[2] / "assets" / "screenshot.png"
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOT = ROOT / "assets" / "screenshot.png"
 PHONE_SCREENSHOT = SCREENSHOT.with_name("screenshot-phone.png")  # the README's phone view
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
@@ -38,11 +40,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _summaries(folder) -> None:
+    """Two inspect summaries for the explorer: a small one whose request opens the shipped first run, and
+    one of 500 requests (made up: the explorer's speed is what is measured on it)."""
+    import random
+
+    from fasteagle import inspection
+
+    run = json.loads((ROOT / "assets" / "first-run.json").read_text())
+    small = folder / "small"
+    (small / "traces").mkdir(parents=True)
+    (small / "traces" / "0000-first.json").write_text(json.dumps(run))
+    row = inspection.row_from_steps(run["sides"]["speculative"]["traces"], {"id": "first", "category": "chat",
+                                                                           "text": run["meta"]["prompt"]},
+                                    trace="traces/0000-first.json")
+    doc = inspection.summary([row], {"kind": "engine", "method": "fasteagle"})
+    (small / "summary.json").write_text(json.dumps(doc))
+    rng = random.Random(0)
+    rows = [{"id": f"p{i}", "category": ["qa", "math", "rag", "writing", "translation", "summarization"][i % 6],
+             "prompt": f"prompt {i}", "tokens": 64, "forwards": (f := rng.randint(20, 63)), "tau": round(63 / f, 4),
+             "drafted_steps": f, "drafted": [f, f // 2], "accepted": [f // 2, f // 4],
+             "accepted_histogram": [f // 2, f // 2]}
+            for i in range(500)]
+    (folder / "big").mkdir()
+    (folder / "big" / "summary.json").write_text(json.dumps(inspection.summary(rows, {"kind": "engine"})))
+
+
 @pytest.fixture(scope="module")
-def app_url(smollm):
+def app_url(smollm, tmp_path_factory):
     import app
 
-    demo = app.build_app(smollm)  # the default drafter dir: FastEagle when trained, else lookup only
+    inspect_dir = tmp_path_factory.mktemp("inspect")
+    _summaries(inspect_dir)
+    os.environ["FASTEAGLE_INSPECT_DIRS"] = str(inspect_dir)
+    try:
+        demo = app.build_app(smollm)  # the default drafter dir: FastEagle when trained, else lookup only
+    finally:
+        del os.environ["FASTEAGLE_INSPECT_DIRS"]
     port = _free_port()
     app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     methods = [m.label for m in app.ENGINE.available]
@@ -784,3 +818,39 @@ def test_the_what_if_panel_answers_its_sliders_at_once(app_url, page):
     page.evaluate("() => window.feWhatIf.set(32, undefined, 0)")
     page.locator("#whatif-box").scroll_into_view_if_needed()
     page.locator("#whatif-box").screenshot(path=str(SCREENSHOT.with_name("screenshot-whatif.png")))
+
+
+def test_the_explorer_opens_500_requests_sorts_them_and_opens_one(app_url, page):
+    """The explorer lists the operator's summaries: 500 requests open in under 2 s and re-sort in under
+    200 ms (in the browser, header click to table redrawn); a request of a summary with traces opens its
+    steps in the main view."""
+    import time
+
+    url, _ = app_url
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    page.locator("#explorer-box").get_by_text("Explore a prompt set").first.click()
+    page.locator("#explore-a").click()
+    start = time.monotonic()
+    page.get_by_role("option", name=re.compile(r"big$")).click()
+    page.wait_for_function("() => document.querySelector('#explorer .fe-explorer')?.dataset.ready === '1' && "
+                           "document.querySelectorAll('#explorer tbody tr').length === 500", timeout=10_000)
+    opened = time.monotonic() - start
+    assert opened < 2.0, opened
+    took = page.evaluate("""() => { const b = document.querySelector('#explorer th button[data-key=tau]');
+        const t0 = performance.now(); b.click();
+        const first = document.querySelector('#explorer tbody tr td:nth-child(4)').textContent;
+        return {ms: performance.now() - t0, first}; }""")
+    taus = page.evaluate("() => Array.from(document.querySelectorAll('#explorer tbody tr td:nth-child(4)'), "
+                         "t => Number(t.textContent))")
+    assert took["ms"] < 200 and taus == sorted(taus, reverse=True), took  # tau sorted first: the click turns it
+    page.locator("#explorer input.fe-ex-filter").fill("p49")
+    assert page.locator("#explorer tbody tr").count() == 11  # p49, p490..p499
+    page.locator("#explore-a").click()
+    page.get_by_role("option", name=re.compile(r"small$")).click()
+    page.wait_for_function("() => document.querySelectorAll('#explorer tbody tr.fe-ex-open').length === 1")
+    page.evaluate("() => { const p = document.querySelector('#prompt textarea'); p.value = ''; "
+                  "p.dispatchEvent(new Event('input', {bubbles: true})); }")
+    page.locator("#explorer tbody tr.fe-ex-open").click()
+    page.wait_for_function("() => (document.querySelector('#prompt textarea')?.value || '').length > 0", timeout=30_000)
