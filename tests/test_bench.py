@@ -101,7 +101,7 @@ def test_ms_per_step_weighs_every_step_and_skips_prompts_without_one():
 def test_methods_take_turns_going_first_and_warm_up_past_stop_tokens(tiny, monkeypatch):
     calls = []
 
-    def fake(target, ids, method, drafter, max_new, sampling, seed, stop=True):
+    def fake(target, ids, method, drafter, max_new, sampling, seed, stop=True, replay=False):
         calls.append((method, max_new, stop))
         return {"tokens": [1], "wall_s": 1.0, "forwards": 0, "steps": 0, "draft_ms": 0.0, "verify_ms": 0.0,
                 "accepted_lengths": [], "depth_reached": [], "depth_accepted": [], "peak_mb": None}
