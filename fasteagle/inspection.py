@@ -4,8 +4,10 @@ aggregates that name where a drafter loses (`python -m fasteagle inspect`).
 A row comes from a decode's steps (`StepTrace` dicts: our engine's full trees, or a vLLM request's
 steps as `fasteagle.inspect_vllm` places them), or from a bench result's per-prompt row. Every row
 counts as this project does everywhere: tau is tokens per target forward over all decode steps, the
-bonus token included and undrafted steps counted (plain decoding: 1.0); per position p (the p-th
-draft of a step), `drafted` is how many steps had a draft there and `accepted` how many accepted it;
+bonus token included and undrafted steps counted (plain decoding: 1.0), from the tokens the reply
+holds; per position p (the p-th draft of a step), `drafted` is how many steps had a draft there and
+`accepted` how many the verifier accepted there (where a stop token or the length limit trimmed the
+last step, drafts it accepted past the reply's end count too, as vLLM counts them);
 `accepted_histogram[j]` is how many decode steps accepted exactly j drafts (a step that drafted
 nothing: 0). A server's own figures keep the server's names (vLLM's `mean_acceptance_length`, which
 counts only the steps that drafted, and `acceptance_histogram`).
@@ -42,11 +44,12 @@ def row_from_steps(steps: Sequence, prompt: Mapping, labels: Mapping | None = No
     for s in decode:
         tree, status = trace._get(s, "tree") or {}, trace._get(s, "status") or []
         depths = tree.get("depths") or [0]
-        took = len(trace._get(s, "path") or [0]) - 1
+        # accepted as the verifier judged (a server counts drafts accepted past a trimmed reply's end too)
+        took = sum(1 for i, v in enumerate(status) if i and v == trace.ACCEPTED and depths[i] > 0)
         hist[took] += 1
         for d in range(1, max(depths) + 1):
             _grow(drafted, d)[d - 1] += 1
-        for d in range(1, took + 1):
+        for d in sorted({depths[i] for i, v in enumerate(status) if i and v == trace.ACCEPTED}):
             _grow(accepted, d)[d - 1] += 1
         for i, v in enumerate(status):
             tok = tree["tokens"][i] if i < len(tree.get("tokens", [])) else None
