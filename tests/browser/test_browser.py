@@ -852,6 +852,7 @@ def test_the_explorer_opens_500_requests_sorts_them_and_opens_one(app_url, page)
     taus = page.evaluate("() => Array.from(document.querySelectorAll('#explorer tbody tr td:nth-child(4)'), "
                          "t => Number(t.textContent))")
     assert took["ms"] < 200 and taus == sorted(taus, reverse=True), took  # tau sorted first: the click turns it
+    print(f"explorer: 500 requests opened in {opened:.2f} s, re-sorted in {took['ms']:.1f} ms")
     page.locator("#explorer input.fe-ex-filter").fill("p49")
     assert page.locator("#explorer tbody tr").count() == 11  # p49, p490..p499
     _pick(page, "#explore-a", "small")
