@@ -861,3 +861,18 @@ def test_the_explorer_opens_500_requests_sorts_them_and_opens_one(app_url, page)
                   "p.dispatchEvent(new Event('input', {bubbles: true})); }")
     page.locator("#explorer tbody tr.fe-ex-open").click()
     page.wait_for_function("() => (document.querySelector('#prompt textarea')?.value || '').length > 0", timeout=30_000)
+
+
+def test_a_keyboard_sees_where_it_is(app_url, page):
+    """Radios, the presentation checkbox and sliders, reached by the keyboard, show a focus ring."""
+    url, _ = app_url
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    rings = {}
+    for name, sel in (("radio", "#method input[type=radio]"), ("checkbox", "#present input[type=checkbox]"),
+                      ("slider", "#step-slider input[type=range]")):
+        page.keyboard.press("Shift")  # the last input is the keyboard's: focus-visible applies
+        page.locator(sel).first.focus()
+        rings[name] = page.evaluate("(s) => { const e = document.querySelector(s); const c = getComputedStyle(e); "
+                                    "return c.outlineStyle !== 'none' && parseFloat(c.outlineWidth) >= 2; }", sel)
+    assert all(rings.values()), rings
