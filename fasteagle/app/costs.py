@@ -27,7 +27,6 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 CPU_RECORD = RESULTS / "cpu-smollm2-135m-whatif-b6-2026-12-02.json"  # `bench --what-if`: a 2-core CPU's costs
 GPU_RECORD = RESULTS / "gpu-h200-smollm2-135m-chat30-2026-11-27.json"  # `bench --tree auto` on an H200
 SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-QUIET_S = 8.0  # seconds without a page's decode before the measurement takes its turn
 
 
 def committed(target_name: str) -> tuple[whatif.Costs | None, whatif.Costs | None]:
@@ -93,27 +92,24 @@ class CostBook:
         """This machine's verify cost against tree tokens (256 tokens of context) and the cascade's draft
         step against the budget, measured in one background turn and kept on disk."""
         d = self.engine.default_cascade()
-        while not turns.quiet(QUIET_S):
-            time.sleep(1.0)
-        ticket = turns.join(30.0, background=True)
-        try:
-            while not turns.wait(ticket, 5.0):
-                pass
-            t0 = time.perf_counter()
-            timed = whatif.nondecreasing(verify_cost(self.engine.target, SIZES, prefix=256, reps=6)["ms"])
-            ids = chat_prompt_ids(self.engine.target, "Explain how a bicycle's gears work, in a few sentences.")
-            layers = d.cfg.num_layers
-            drafts = draft_cost(self.engine.target, d, ids, sorted({*range(2, layers + 2), 16, 32, 64}))
-            dev = self.engine.target.device
-            label = f"this machine ({'GPU' if dev.type == 'cuda' else f'CPU, {torch.get_num_threads()} threads'})"
-            self.mine = whatif.Costs(label, {int(k): v for k, v in timed.items()}, drafts, timed["1"],
-                                     source=f"measured {time.strftime('%Y-%m-%d')} at a 256-token context")
-            if self.path is not None:
-                files.write_text(self.path, json.dumps(self.mine.to_dict(), indent=2))
-            log.info("what-if costs: measured in %.0f s -> %s", time.perf_counter() - t0, self.path)
-            return self.mine
-        except Exception:  # the panel keeps the committed curve
-            log.exception("measuring this machine's what-if costs failed")
-            return None
-        finally:
-            turns.leave(ticket)
+        with turns.background(30.0):
+            try:
+                return self._measure(d)
+            except Exception:  # the panel keeps the committed curve
+                log.exception("measuring this machine's what-if costs failed")
+                return None
+
+    def _measure(self, d) -> whatif.Costs:
+        t0 = time.perf_counter()
+        timed = whatif.nondecreasing(verify_cost(self.engine.target, SIZES, prefix=256, reps=6)["ms"])
+        ids = chat_prompt_ids(self.engine.target, "Explain how a bicycle's gears work, in a few sentences.")
+        layers = d.cfg.num_layers
+        drafts = draft_cost(self.engine.target, d, ids, sorted({*range(2, layers + 2), 16, 32, 64}))
+        dev = self.engine.target.device
+        label = f"this machine ({'GPU' if dev.type == 'cuda' else f'CPU, {torch.get_num_threads()} threads'})"
+        self.mine = whatif.Costs(label, {int(k): v for k, v in timed.items()}, drafts, timed["1"],
+                                 source=f"measured {time.strftime('%Y-%m-%d')} at a 256-token context")
+        if self.path is not None:
+            files.write_text(self.path, json.dumps(self.mine.to_dict(), indent=2))
+        log.info("what-if costs: measured in %.0f s -> %s", time.perf_counter() - t0, self.path)
+        return self.mine

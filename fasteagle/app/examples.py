@@ -29,7 +29,6 @@ from fasteagle.tree import DEFAULT_TREE_SHAPE
 
 log = logging.getLogger("fasteagle.app")
 
-QUIET_S = 8.0  # the background filler decodes only after this long with no page's decode
 # the first screen's run when the cache has none yet (a Space whose disk was wiped): recorded by
 # `python -m fasteagle.app.examples --record`, on the machine its meta names
 FIRST_RUN = Path(__file__).resolve().parents[2] / "assets" / "first-run.json"
@@ -205,15 +204,10 @@ class ExampleCache:
                  self.folder, time.perf_counter() - t0)
 
     def _decode(self, req: Request, vanilla: dict[tuple, dict]) -> None:
-        """One example decoded in a background turn, once no page has decoded for QUIET_S seconds; its
-        record is built and written inside the turn too, so nothing of it runs beside a page's decode."""
+        """One example decoded in a background turn (`Turns.background`: pages first); its record is built
+        and written inside the turn too, so nothing of it runs beside a page's decode."""
         plain_key = (req.prompt, req.temperature, req.max_new_tokens, req.seed)
-        while not self.turns.quiet(QUIET_S):  # pages first: a visitor's run never shares the CPU with this
-            time.sleep(1.0)
-        ticket = self.turns.join(self.engine.estimate(req, vanilla=plain_key not in vanilla), background=True)
-        try:
-            while not self.turns.wait(ticket, 5.0):
-                pass
+        with self.turns.background(self.engine.estimate(req, vanilla=plain_key not in vanilla)):
             result = self.engine.decode_both(req, vanilla=plain_key not in vanilla)
             if "error" in result:
                 log.warning("caching an example failed: %s", result["error"])
@@ -221,8 +215,6 @@ class ExampleCache:
             vanilla.setdefault(plain_key, result.get("vanilla"))
             self.put(req, run_record(self.engine, req, {"speculative": result["speculative"],
                                                         "vanilla": vanilla[plain_key]}))
-        finally:
-            self.turns.leave(ticket)
 
 
 def record(engine: Engine, path: Path = FIRST_RUN) -> dict:

@@ -12,7 +12,11 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+QUIET_S = 8.0  # background work takes its turn only after this long with no page's decode
 
 
 @dataclass(eq=False)
@@ -67,6 +71,20 @@ class Turns:
                 if not t.background:
                     self._page_left = time.monotonic()
             self._cond.notify_all()
+
+    @contextmanager
+    def background(self, estimate_s: float, quiet_s: float = QUIET_S) -> Iterator[Ticket]:
+        """A background job's turn, held for the `with` block: taken once no page has held or waited for
+        one for `quiet_s` seconds, so a visitor's run never shares the CPU with it."""
+        while not self.quiet(quiet_s):
+            time.sleep(1.0)
+        t = self.join(estimate_s, background=True)
+        try:
+            while not self.wait(t, 5.0):
+                pass
+            yield t
+        finally:
+            self.leave(t)
 
     def quiet(self, seconds: float) -> bool:
         """No page holds or waits for a turn, and none has for `seconds`: background work may start."""
