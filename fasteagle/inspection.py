@@ -189,17 +189,13 @@ def report_html(doc: Mapping) -> str:
     lengths as inline SVG bars (no script, no download), and every request's row, lowest tau first."""
     agg, src = doc["aggregates"], doc.get("source", {})
     esc = html.escape
-    parts = [f"<h1>Acceptance by prompt</h1><p>{esc(_source_text(src))}</p>",
+    parts = [f"<h1>Acceptance by prompt</h1><p>{esc(source_text(src))}</p>",
              f"<p><b>{agg['requests']} requests</b>, tau {agg['tau']} (tokens per target forward, undrafted steps "
              "included).</p>", "<h2>By category</h2>",
              _table(["category", "requests", "tau", "median tau"],
                     [[c, v["requests"], v["tau"], v["tau_median"]] for c, v in agg["by_category"].items()]),
-             "<h2>Acceptance by position</h2>",
-             _bars([f"{p['position']}" for p in agg["by_position"]], [p["rate"] or 0 for p in agg["by_position"]],
-                   "share of drafts at this position accepted"),
-             "<h2>Drafts accepted per step</h2>",
-             _bars([str(j) for j in range(len(agg["accepted_histogram"]))], agg["accepted_histogram"],
-                   "decode steps")]
+             "<h2>Acceptance by position</h2>", _position_bars(agg),
+             "<h2>Drafts accepted per step</h2>", _histogram_bars(agg)]
     if agg.get("rejected_tokens"):
         parts += ["<h2>Drafted tokens rejected most often</h2>",
                   _table(["token", "rejections"], [[repr(t), n] for t, n in agg["rejected_tokens"].items()])]
@@ -218,7 +214,26 @@ def report_html(doc: Mapping) -> str:
             + "".join(parts) + "</html>\n")
 
 
-def _source_text(src: Mapping) -> str:
+def charts_html(agg: Mapping) -> str:
+    """The aggregates as three SVG bar charts, side by side where they fit: tau by kind, the share of drafts
+    accepted by position, decode steps by drafts accepted (the app's explorer shows them)."""
+    cats = list(agg["by_category"])
+    return (_bars(cats, [agg["by_category"][c]["tau"] for c in cats], "tau by kind") + _position_bars(agg)
+            + _histogram_bars(agg))
+
+
+def _position_bars(agg: Mapping) -> str:
+    return _bars([str(p["position"]) for p in agg["by_position"]], [p["rate"] or 0 for p in agg["by_position"]],
+                 "share of drafts at this position accepted")
+
+
+def _histogram_bars(agg: Mapping) -> str:
+    return _bars([str(j) for j in range(len(agg["accepted_histogram"]))], agg["accepted_histogram"],
+                 "decode steps by drafts accepted")
+
+
+def source_text(src: Mapping) -> str:
+    """Where a summary's rows came from, in one line."""
     kind = src.get("kind")
     if kind == "vllm":
         return (f"vLLM {src.get('vllm', '')} at {src.get('server', '')}, model {src.get('model', '')}, "
@@ -245,9 +260,10 @@ def _bars(labels: list[str], values: list[float], title: str) -> str:
     for i, (lab, v) in enumerate(zip(labels, values)):
         bh = (h - 20) * v / top
         x = 30 + 44 * i
-        out += [f'<rect x="{x}" y="{h - bh}" width="{bw}" height="{bh}" fill="#0072b2"/>',
-                f'<text x="{x + bw / 2}" y="{h + 16}" text-anchor="middle" font-size="12">{html.escape(lab)}</text>',
-                f'<text x="{x + bw / 2}" y="{h - bh - 4}" text-anchor="middle" font-size="11">'
+        out += [f'<rect x="{x}" y="{h - bh}" width="{bw}" height="{bh}" fill="var(--fe-acc, #0072b2)"/>',
+                f'<text x="{x + bw / 2}" y="{h + 16}" text-anchor="middle" font-size="12" fill="currentColor">'
+                f'{html.escape(lab)}</text>',
+                f'<text x="{x + bw / 2}" y="{h - bh - 4}" text-anchor="middle" font-size="11" fill="currentColor">'
                 f'{v if isinstance(v, int) else f"{v:.2f}"}</text>']
-    out.append(f'<text x="30" y="{h + 36}" font-size="12">{html.escape(title)}</text></svg>')
+    out.append(f'<text x="30" y="{h + 36}" font-size="12" fill="currentColor">{html.escape(title)}</text></svg>')
     return "".join(out)

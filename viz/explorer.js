@@ -21,27 +21,12 @@ function load() {
   box.dataset.openMs = String(performance.now() - t0);
 }
 
-function bars(labels, values, title, fmt) {  // a small SVG bar chart
-  const w = 40 + 46 * labels.length, h = 150, top = Math.max(...values, 1e-9);
-  return `<svg width="${w}" height="${h + 40}" role="img" aria-label="${esc(title)}"><title>${esc(title)}</title>` +
-    labels.map((lab, i) => { const bh = (h - 24) * values[i] / top, x = 30 + 46 * i;
-      return `<rect x="${x}" y="${h - bh}" width="34" height="${bh}" fill="var(--fe-acc, #0072b2)"/>` +
-        `<text x="${x + 17}" y="${h + 15}" text-anchor="middle" font-size="12" fill="currentColor">${esc(lab)}</text>` +
-        `<text x="${x + 17}" y="${h - bh - 4}" text-anchor="middle" font-size="11" fill="currentColor">${fmt(values[i])}</text>`; })
-      .join('') + `<text x="30" y="${h + 34}" font-size="12" fill="currentColor">${esc(title)}</text></svg>`;
-}
-
 function build(box) {
   const d = E.data, agg = d.a.aggregates, cats = Object.keys(agg.by_category);
   box.innerHTML =
     `<p><b>${esc(d.a.name)}</b>: ${esc(d.a.source)} · ${agg.requests} requests, tau ${num(agg.tau, 3)}` +
     (agg.lowest_categories.length ? ` · lowest: ${agg.lowest_categories.map(esc).join(', ')}` : '') + '</p>' +
-    '<div class="fe-ex-charts">' +
-    bars(cats, cats.map((c) => agg.by_category[c].tau), 'tau by kind', (v) => v.toFixed(2)) +
-    bars(agg.by_position.map((p) => String(p.position)), agg.by_position.map((p) => p.rate || 0),
-         'share accepted, by position in the draft', (v) => v.toFixed(2)) +
-    bars(agg.accepted_histogram.map((_, j) => String(j)), agg.accepted_histogram, 'steps by drafts accepted', (v) => String(v)) +
-    '</div>' +
+    `<div class="fe-ex-charts">${d.a.charts}</div>` +  // drawn by the server (fasteagle.inspection.charts_html)
     (Object.keys(agg.rejected_tokens || {}).length ? '<p>Drafted tokens rejected most often: ' +
       Object.entries(agg.rejected_tokens).map(([t, n]) => `<code>${esc(JSON.stringify(t))}</code> ×${n}`).join(', ') +
       '</p>' : '') +

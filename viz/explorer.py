@@ -25,8 +25,9 @@ def _side(doc: Mapping, name: str, traces: bool) -> dict:
     if not traces:
         for r in rows:
             r["trace"] = None
-    return {"name": name, "source": inspection._source_text(doc.get("source") or {}), "rows": rows,
-            "aggregates": doc.get("aggregates") or inspection.aggregate(doc["rows"])}
+    agg = doc.get("aggregates") or inspection.aggregate(doc["rows"])
+    return {"name": name, "source": inspection.source_text(doc.get("source") or {}), "rows": rows,
+            "aggregates": agg, "charts": inspection.charts_html(agg)}
 
 
 def explorer_data(a: Mapping, b: Mapping | None = None, names: tuple[str, str] = ("A", "B"),
