@@ -179,10 +179,9 @@ def _from_engine(args, prompts: list[dict], out: Path) -> int:
         name = f"{i:04d}-{_safe(p['id'])}.json"
         meta = {"prompt": p["text"], "method": args.method, "method_key": args.method, "temperature": args.temperature,
                 "max_new_tokens": args.max_new_tokens, "tree_budget": source["tree_budget"], "target": target.name}
-        run = trace.make_run_file(meta, {"speculative": {"traces": steps, "spans": [],
-                                                         "summary": trace.run_summary(steps, seconds)}}, labels)
-        files.write_text(out / "traces" / name, json.dumps(run, separators=(",", ":")))
         s = trace.run_summary(steps, seconds)
+        run = trace.make_run_file(meta, {"speculative": {"traces": steps, "spans": [], "summary": s}}, labels)
+        files.write_text(out / "traces" / name, json.dumps(run, separators=(",", ":")))
         decode_s = seconds - s["prefill_ms"] / 1e3
         return inspection.row_from_steps(steps, p, labels, trace=f"traces/{name}", ttft_ms=round(s["prefill_ms"], 1),
                                          tokens_per_s=round((s["tokens"] - 1) / decode_s, 2) if decode_s > 0 else None)

@@ -80,8 +80,7 @@ def _k(text):
 
 def _preset(g: whatif.Grid, costs: whatif.Costs) -> dict:
     """One preset's numbers for every depth cap and budget it was measured to (and the chains)."""
-    top = max(b for b in BUDGETS if b <= max(costs.largest, 64) or b == BUDGETS[0])
-    budgets = [b for b in BUDGETS if b <= top]
+    budgets = [b for b in BUDGETS if b <= max(costs.largest, 64)]
     by_depth = {}
     for d in g.depths:
         rows = [whatif.predict(g, costs, b, d) for b in budgets]

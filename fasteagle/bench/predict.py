@@ -48,7 +48,7 @@ def record(target, methods: dict, rows: dict, encoded: list, budgets: dict, seed
     own step, from the compare's rows (each holding its prompt's `replay`)."""
     out = {}
     on_gpu = target.device.type == "cuda"
-    sizes = [s for s in (GPU_SIZES if on_gpu else CPU_SIZES)]
+    sizes = GPU_SIZES if on_gpu else CPU_SIZES
     context = int(statistics.fmean(ids.numel() for ids in encoded)) + 32
     timed = None
     for m, rs in rows.items():
