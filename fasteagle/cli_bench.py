@@ -253,16 +253,21 @@ def _bench_diagnose(args) -> int:
         _check_out(args.out, False)
     names, prompt_files, prompts = _bench_prompts(args)
     drafted = [m for m in names if m != "vanilla"]
-    if len(drafted) != 1 or (ALIASES.get(drafted[0], (drafted[0],))[0] != "fasteagle"
-                             and drafted[0] not in dict(method_settings(args).named)):
-        raise FastEagleError("--diagnose replays one cascade: give --methods fasteagle (or fasteagle-equal, or a "
-                             "--drafters label)")
-    target, methods, settings = _bench_setup(args, ["vanilla", drafted[0]], prompts, prompt_files)
-    doc = diagnose.diagnose(target, methods[drafted[0]], prompts, args.max_new_tokens, variants) | {
-        "device": bench.device_name(target.device), "target": target.name, "method": drafted[0],
-        "drafter": next(iter(settings["drafters"].values()), {}).get("path"), "variants": variants,
+    named = dict(method_settings(args).named)
+    if not drafted or any(ALIASES.get(m, (m,))[0] != "fasteagle" and m not in named for m in drafted):
+        raise FastEagleError("--diagnose replays cascades: give --methods fasteagle (or fasteagle-equal, or "
+                             "--drafters labels)")
+    target, methods, settings = _bench_setup(args, ["vanilla", *drafted], prompts, prompt_files)
+    paths = {m: d.get("path") for m, d in settings["drafters"].items()}
+    one = len(drafted) == 1
+    doc = diagnose.diagnose(target, methods[drafted[0]] if one else {m: methods[m] for m in drafted}, prompts,
+                            args.max_new_tokens, variants) | {
+        "device": bench.device_name(target.device), "target": target.name,
+        "variants": variants if one else [diagnose.run_name(m, v) for m in drafted for v in variants],
         "threads": _threads(), "prompts_desc": settings["prompts_desc"], "prompts": prompt_files,
         "max_new_tokens": args.max_new_tokens}
+    doc |= {"method": drafted[0], "drafter": next(iter(paths.values()), None)} if one else \
+        {"drafters": {m: paths.get(m) for m in drafted}}
     return _report(doc, args.out)
 
 

@@ -91,3 +91,25 @@ def test_replay_equals_a_real_decode(smollm):
     assert all(c["decoded_steps"] == c["replayed_steps"] for c in got["check"]), got["check"]
     assert got["renumbered_max_gap"] < 1e-4
     assert got["tau"]["writing"]["fasteagle6"]["full"] > 1.2  # the drafter accepts here: the steps test means something
+
+
+def test_several_drafters_replay_on_the_same_replies(smollm):
+    """Two cascades replayed in one run score as each does alone, and the report names both."""
+    from fasteagle.bench.reports import markdown_table
+    from fasteagle.methods import Settings, build
+
+    a = build("fasteagle", smollm, Settings(tree_budget=6, draft_int8=False))
+    b = build("fasteagle-equal", smollm, Settings(tree_budget=6, draft_int8=False))
+    prompts = [{"id": "a", "category": "writing", "text": "Name three colours of the rainbow."}]
+    alone = {k: diagnose.diagnose(smollm, d, prompts, 16, ["full", "tail4"], check=1) for k, d in (("a", a), ("b", b))}
+    both = diagnose.diagnose(smollm, {"a": a, "b": b}, prompts, 16, ["full", "tail4"], check=1)
+    for k in "ab":
+        for v in ("full", "tail4"):
+            assert both["tau"]["writing"]["fasteagle6"][f"{k}:{v}"] == alone[k]["tau"]["writing"]["fasteagle6"][v]
+            assert both["rates"]["writing"][f"{k}:{v}"] == alone[k]["rates"]["writing"][v]
+    assert all(c["identical"] for c in both["check"]) and len(both["check"]) == 4
+    doc = both | {"kind": "diagnose", "device": "cpu", "threads": 1, "target": "t", "prompts_desc": "1 prompt,",
+                  "max_new_tokens": 16, "variants": ["a:full", "a:tail4", "b:full", "b:tail4"],
+                  "drafters": {"a": "A", "b": "B"}}
+    text = markdown_table(doc)
+    assert "drafters a `A`, b `B`" in text and "b, prompt's last 4" in text

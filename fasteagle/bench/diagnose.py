@@ -21,6 +21,8 @@ Variants (`--diagnose`), each beside the whole context:
   difference measured between the two on sampled slots;
 - tailT: the drafter reads only the prompt's last T tokens (its `prefill_tail`: its prefill costs at most
   T positions), and every token from there on, at their true positions; the target reads them all.
+Several cascades (`--methods fasteagle,a,b` with `--drafters a=DIR,b=DIR`) are replayed on the same replies,
+each in every variant: drafters trained apart, compared slot for slot.
 """
 
 from __future__ import annotations
@@ -162,18 +164,33 @@ class Tally:
         return out
 
 
+def run_name(label: str | None, variant: str) -> str:
+    """A (drafter, variant) run's key in the result: the variant alone when one drafter is replayed."""
+    return variant if label is None else f"{label}:{variant}"
+
+
+def split_run(name: str) -> tuple[str | None, str]:
+    label, _, variant = name.rpartition(":")
+    return label or None, variant
+
+
 def analyse(drafter, seq: list[int], prompt_len: int, kind: str, variants: list[str], tally: Tally, walks: dict,
-            feats: torch.Tensor, gaps: list) -> None:
-    """Tally one reply's slots and replay its decode for every variant and budget."""
+            feats: torch.Tensor, gaps: list, label: str | None = None, copyable: dict | None = None) -> dict:
+    """Tally one reply's slots and replay its decode for every variant and budget of one drafter (`label`
+    names it when several are replayed); prompt lookup is replayed once, where `copyable` is not given yet.
+    Returns the slots' copyable marks."""
     ids = torch.tensor(seq)
     reply = [i >= prompt_len for i in range(len(seq))]
-    (ltok, lsteps), copyable = lookup_replay(seq, reply)
-    walks[(kind, "lookup", "full")][0] += ltok
-    walks[(kind, "lookup", "full")][1] += lsteps
+    first = copyable is None
+    if first:
+        (ltok, lsteps), copyable = lookup_replay(seq, reply)
+        walks[(kind, "lookup", "full")][0] += ltok
+        walks[(kind, "lookup", "full")][1] += lsteps
     N = drafter.num_depths
-    for wname in variants:
-        top_i, top_p = drafts(drafter, feats, ids, wname, prompt_len, drafter.max_k)
-        kind_, w = parse_variant(wname)
+    for variant in variants:
+        wname = run_name(label, variant)
+        top_i, top_p = drafts(drafter, feats, ids, variant, prompt_len, drafter.max_k)
+        kind_, w = parse_variant(variant)
         if kind_ == "window" and w < prompt_len:  # a few slots, each window also run alone, renumbered
             slots = list(range(prompt_len - 1, len(seq) - 2, 16))[:3]
             gaps.append(renumbered_gap(drafter, feats, ids, w, slots, _depth1_probs(drafter, feats, ids, w, slots)))
@@ -185,7 +202,7 @@ def analyse(drafter, seq: list[int], prompt_len: int, kind: str, variants: list[
             tally.add((kind, wname, "depth1_by_context", _bucket(ctx, CONTEXT_BUCKETS)), hits[0])
             if t in copyable:
                 tally.add((kind, wname, "depth1_by_copyable", "copyable" if copyable[t] else "not"), hits[0])
-                if wname == "full":
+                if first and variant == "full":
                     tally.add((kind, "lookup", "copyable_share", "all"), copyable[t])
             for d in (1, 2):
                 if len(hits) > d and all(hits[:d]):
@@ -201,6 +218,7 @@ def analyse(drafter, seq: list[int], prompt_len: int, kind: str, variants: list[
             tok, steps = trace.replay_walk(seq, reply, draft)
             walks[(kind, f"fasteagle{budget}", wname)][0] += tok
             walks[(kind, f"fasteagle{budget}", wname)][1] += steps
+    return copyable
 
 
 @torch.no_grad()
@@ -211,8 +229,13 @@ def _depth1_probs(drafter, feats, ids, w, slots):
     return drafter.head(outs[0][0, slots], 1).float().softmax(-1)
 
 
-def diagnose(target, drafter, prompts: list[dict], max_new: int, variants: list[str], check: int = 2) -> dict:
-    """Every measure above over `prompts`, as the result file's fields, for the variants ("full" first)."""
+def diagnose(target, drafters, prompts: list[dict], max_new: int, variants: list[str], check: int = 2) -> dict:
+    """Every measure above over `prompts`, as the result file's fields, for the variants ("full" first) of one
+    drafter, or of each of several ({label: drafter}, all on the same replies: runs keyed "label:variant")."""
+    labelled = drafters if isinstance(drafters, dict) else {None: drafters}
+    layers = {tuple(d.feature_layers) for d in labelled.values()}
+    if len(layers) > 1:
+        raise FastEagleError("--diagnose: the drafters read different target layers; replay them apart")
     from fasteagle.generate import chat_prompt_ids, run
     from fasteagle.train.teacher import teach
 
@@ -226,18 +249,21 @@ def diagnose(target, drafter, prompts: list[dict], max_new: int, variants: list[
             continue
         lengths[p["category"]].append(ids.numel())
         with torch.no_grad():
-            feats, _, _ = teach(target.model, torch.tensor(seq)[None], list(drafter.feature_layers), 1)
+            feats, _, _ = teach(target.model, torch.tensor(seq)[None], list(next(iter(layers))), 1)
         before = {k: list(v) for k, v in walks.items()}
-        analyse(drafter, seq, ids.numel(), p["category"], variants, tally, walks, feats, gaps)
-        for v in variants if i < check else ():  # decoded for real, in each variant
-            drafter.tree_budget = BUDGETS[0]
+        copyable = None
+        for label, drafter in labelled.items():
+            copyable = analyse(drafter, seq, ids.numel(), p["category"], variants, tally, walks, feats, gaps,
+                               label, copyable)
+        for (label, drafter), v in ((x, v) for x in labelled.items() for v in variants) if i < check else ():
+            drafter.tree_budget = BUDGETS[0]  # decoded for real, in each variant
             kind, size = parse_variant(v)
             with window(drafter, size if kind == "window" else 0), tail(drafter, size if kind == "tail" else 0):
                 out, traces = run(target, ids, drafter=drafter, max_new_tokens=max_new)
-            key = (p["category"], f"fasteagle{BUDGETS[0]}", v)
+            key = (p["category"], f"fasteagle{BUDGETS[0]}", run_name(label, v))
             replayed = walks[key][1] - before.get(key, [0, 0])[1]
-            checks.append({"id": p["id"], "variant": v, "identical": out == reply, "decoded_steps": len(traces) - 1,
-                           "replayed_steps": replayed})
+            checks.append({"id": p["id"], "variant": run_name(label, v), "identical": out == reply,
+                           "decoded_steps": len(traces) - 1, "replayed_steps": replayed})
     taus: dict = {}
     for (kind, method, wname), (tok, steps) in sorted(walks.items()):
         taus.setdefault(kind, {}).setdefault(method, {})[wname] = round(trace.tau(tok, steps), 3)
@@ -246,9 +272,11 @@ def diagnose(target, drafter, prompts: list[dict], max_new: int, variants: list[
             "tau": taus, "rates": tally.table(), "renumbered_max_gap": max(gaps, default=None), "check": checks}
 
 
-def _label(variant: str) -> str:
+def _label(name: str) -> str:
+    label, variant = split_run(name)
     kind, size = parse_variant(variant)
-    return {"full": "whole context", "window": f"window {size}", "tail": f"prompt's last {size}"}[kind]
+    what = {"full": "whole context", "window": f"window {size}", "tail": f"prompt's last {size}"}[kind]
+    return what if label is None else f"{label}, {what}"
 
 
 def _pooled(rates: dict, wname: str, measure: str) -> dict[str, tuple[float, int]]:
@@ -266,6 +294,12 @@ def _order(bucket: str) -> int:
     return int(bucket.split("-")[0].rstrip("+")) if bucket[0].isdigit() else 0
 
 
+def _drafters(doc: dict) -> str:
+    if "drafters" in doc:  # several, on the same replies
+        return "drafters " + ", ".join(f"{k} `{v}`" for k, v in doc["drafters"].items())
+    return f"drafter `{doc['drafter']}` ({doc['method']})"
+
+
 def markdown(doc: dict) -> str:
     """The result's tables: by kind, then depth-1 acceptance against context length and reply position."""
     wnames = doc["variants"]
@@ -280,13 +314,16 @@ def markdown(doc: dict) -> str:
         return f"{c['rate']:.2f}" if c else "–"
 
     head = (f"**{doc['device']}**, {doc['threads']} threads, target `{doc['target']}`, {doc['prompts_desc']} "
-            f"{doc['max_new_tokens']} new tokens, greedy, fp32; drafter `{doc['drafter']}` ({doc['method']}); "
+            f"{doc['max_new_tokens']} new tokens, greedy, fp32; {_drafters(doc)}; "
             f"replayed on vanilla's replies ({same}/{len(checks)} real decodes took the replay's steps, identical "
             f"to vanilla); a window renumbered from 0 differs by at most {doc['renumbered_max_gap'] or 0:.0e} in "
             "probability\n\n")
     cols = [f"tau 6 nodes, {label[w]}" for w in wnames] + [f"tau 60 nodes, {label[w]}" for w in wnames]
+    fulls = [w for w in wnames if split_run(w)[1] == "full"]
+    copy_col = "depth-1 hit on copyable / other" + ("" if len(fulls) == 1 else
+                                                     ", " + ", ".join(split_run(w)[0] for w in fulls))
     out = head + ("| kind | prompt tokens | " + " | ".join(cols) + " | lookup tau | depth-1 hit, " +
-                  ", ".join(label[w] for w in wnames) + " | copyable | depth-1 hit on copyable / other |\n")
+                  ", ".join(label[w] for w in wnames) + f" | copyable | {copy_col} |\n")
     out += "|" + "---|" * (len(cols) + 6) + "\n"
     for k in kinds:
         t = taus.get(k, {})
@@ -294,15 +331,16 @@ def markdown(doc: dict) -> str:
         out += (f"| {k} | {doc['prompt_tokens'][k]['median']} | " + " | ".join(cells)
                 + f" | {t.get('lookup', {}).get('full', float('nan')):.2f} | "
                 + ", ".join(r(k, w, "depth1") for w in wnames)
-                + f" | {r(k, 'lookup', 'copyable_share')} | {r(k, 'full', 'depth1_by_copyable', 'copyable')} / "
-                  f"{r(k, 'full', 'depth1_by_copyable', 'not')} |\n")
+                + f" | {r(k, 'lookup', 'copyable_share')} | "
+                + ", ".join(f"{r(k, w, 'depth1_by_copyable', 'copyable')} / {r(k, w, 'depth1_by_copyable', 'not')}"
+                            for w in fulls) + " |\n")
     for measure, title in (("depth1_by_context", "context length (tokens)"),
                            ("depth1_by_reply_pos", "position in the reply")):
         pooled = {w: _pooled(rates, w, measure) for w in wnames}
-        buckets = sorted(pooled["full"], key=_order)
+        buckets = sorted(pooled[wnames[0]], key=_order)
         out += (f"\nDepth-1 hit rate by {title}, every kind pooled\n\n| {title} | slots | "
                 + " | ".join(label[w] for w in wnames) + " |\n|" + "---|" * (len(wnames) + 2) + "\n")
         for b in buckets:
-            out += (f"| {b} | {pooled['full'][b][1]} | "
+            out += (f"| {b} | {pooled[wnames[0]][b][1]} | "
                     + " | ".join(f"{pooled[w][b][0]:.2f}" if b in pooled[w] else "–" for w in wnames) + " |\n")
     return out
