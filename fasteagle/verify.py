@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from fasteagle.errors import FastEagleError
-from fasteagle.kvcache import KVCache, attention_mask
+from fasteagle.kvcache import KVCache, attention_mask, limit_to_window
+from fasteagle.target import attention_windows
 from fasteagle.trace import ACCEPTED, NEVER_REACHED, REJECTED
 from fasteagle.tree import DraftTree
 
@@ -67,16 +68,29 @@ def tree_forward(model: torch.nn.Module, cache: KVCache, tree: DraftTree, featur
     past = cache.length
     cache.reserve(tree.size)
     dtype = next(model.parameters()).dtype
+    positions = tree.position_ids(past)
     out = model(
         input_ids=tree.tokens[None],
-        attention_mask=attention_mask(tree.ancestors, past, dtype),
-        position_ids=tree.position_ids(past),
+        attention_mask=tree_mask(model.config, tree.ancestors, past, positions[0], dtype),
+        position_ids=positions,
         past_key_values=cache,
         use_cache=True,
         output_hidden_states=bool(feature_layers),
     )
     feats = torch.cat([out.hidden_states[i][0] for i in feature_layers], -1) if feature_layers else None
     return out.logits[0].float(), feats
+
+
+def tree_mask(config, ancestors: torch.Tensor, past: int, positions: torch.Tensor, dtype: torch.dtype):
+    """The tree's additive mask (`kvcache.attention_mask`), with the model's sliding window applied where
+    it has one (rows at `positions`): for every layer, or, where only some layers slide, a mask per layer
+    type as the model's forward takes them ({"full_attention": ..., "sliding_attention": ...})."""
+    mask = attention_mask(ancestors, past, dtype)
+    window, per_type = attention_windows(config)
+    if not window:
+        return mask
+    slid = limit_to_window(mask.clone(), positions, window)
+    return {"full_attention": mask, "sliding_attention": slid} if per_type else slid
 
 
 def prefill_forward(model: torch.nn.Module, cache: KVCache, ids: torch.Tensor, feature_layers: tuple[int, ...] = ()):

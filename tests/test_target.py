@@ -37,7 +37,7 @@ def test_unknown_hub_id_is_a_one_line_error(monkeypatch):
 
 def test_unsupported_architecture_is_refused(tmp_path):
     GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
-    with pytest.raises(FastEagleError, match="gpt2.*Llama-family"):
+    with pytest.raises(FastEagleError, match="gpt2.*supports these causal LMs"):
         load_target(str(tmp_path), device="cpu")
 
 
@@ -155,33 +155,50 @@ def test_gpu_attention_folds_grouped_heads_under_a_tree_mask(monkeypatch):
     assert any(folded) and not all(folded)  # trees folded; one-token steps went the stock way
 
 
-def test_models_attending_within_a_sliding_window_are_named():
-    """The tree mask lets every layer see the whole context: a windowed model is refused at load."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+def test_sliding_windows_are_read_from_the_config():
+    """Which layers a config windows, and by how much (`verify.tree_mask` applies it)."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-    from fasteagle.target import sliding_window
+    from fasteagle.target import attention_windows
 
     small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64)
-    assert sliding_window(MistralConfig(sliding_window=8, **small)) == 8
-    assert sliding_window(MistralConfig(sliding_window=None, **small)) is None
-    assert sliding_window(MistralConfig(sliding_window=4096, **small)) is None  # wider than its positions
-    assert sliding_window(Qwen2Config(use_sliding_window=True, sliding_window=8, max_window_layers=0, **small)) == 8
-    assert sliding_window(Qwen2Config(**small)) is None
-    assert sliding_window(LlamaConfig(**small)) is None
+    assert attention_windows(MistralConfig(sliding_window=8, **small)) == (8, False)
+    assert attention_windows(MistralConfig(sliding_window=None, **small)) == (0, False)
+    assert attention_windows(Qwen2Config(use_sliding_window=True, sliding_window=8, max_window_layers=0,
+                                         **small)) == (8, True)
+    assert attention_windows(Qwen2Config(**small)) == (0, False)
+    assert attention_windows(Gemma2Config(sliding_window=8, **small)) == (8, True)
+    assert attention_windows(LlamaConfig(**small)) == (0, False)
 
 
-def test_a_sliding_window_model_is_refused_with_one_line(tmp_path):
+@pytest.mark.parametrize("window", [8, 4096])
+def test_a_sliding_window_model_decodes_as_its_own_generate(tmp_path, window):
+    """A Mistral attending within 8 positions, past them: vanilla and a drafted tree write what
+    transformers' `generate` writes (the tree mask hides what the window does)."""
     from transformers import MistralConfig, MistralForCausalLM
 
+    from fasteagle.generate import run
     from tests.conftest import tiny_tokenizer
+    from tests.drafters import OracleDrafter
 
+    torch.manual_seed(0)
     cfg = MistralConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=8)
-    MistralForCausalLM(cfg).save_pretrained(tmp_path / "m")
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                        sliding_window=window)
+    model = MistralForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(tmp_path / "m")
     tiny_tokenizer().save_pretrained(tmp_path / "m")
-    with pytest.raises(FastEagleError, match="sliding window of 8 tokens"):
-        load_target(str(tmp_path / "m"), device="cpu")
+    target = load_target(str(tmp_path / "m"), device="cpu")
+    ids = torch.randint(4, 320, (20,), generator=torch.Generator().manual_seed(1))
+    want = target.model.generate(ids[None], max_new_tokens=30, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)[0, 20:].tolist()
+    assert run(target, ids, max_new_tokens=30, stop_ids=set())[0] == want
+    oracle = OracleDrafter(want, 320, "backbone", 4, 3, 12, corrupt=0.1)
+    got, traces = run(target, ids, drafter=oracle, max_new_tokens=30, stop_ids=set())
+    assert got == want and traces[-1].tau > 1.5
 
 
 @pytest.mark.parametrize("device,fragment", [("gpu", "unknown device"), ("cuda", "no GPU is visible"),

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from fasteagle.errors import FastEagleError
 from fasteagle.files import torch_save, write_text
+from fasteagle.target import head_logits
 
 
 @dataclass
@@ -123,14 +124,14 @@ def teach_windows(model, ids: torch.Tensor, mask: torch.Tensor, lengths: list[in
     """A shard of right-padded rows `ids` (B, L), each cut to its window: `keep_prompt` tokens before the
     row's first counted position (`mask`), up to its length. The target's body runs over whole rows; its
     head and softmax only over the windows."""
-    body, head = model.get_decoder(), model.get_output_embeddings()
+    body = model.get_decoder()
     out = body(input_ids=ids, output_hidden_states=True, use_cache=False)
     feats = torch.cat([out.hidden_states[i] for i in feature_layers], -1)  # (B, L, 3H)
     rows = []
     for r, n in enumerate(lengths):
         counted = mask[r, :n].nonzero()
         start = max(0, int(counted[0]) - keep_prompt) if counted.numel() else max(0, n - keep_prompt)
-        p, t = torch.softmax(head(out.last_hidden_state[r, start:n]).float(), -1).topk(topk, -1)
+        p, t = torch.softmax(head_logits(model, out.last_hidden_state[r, start:n]).float(), -1).topk(topk, -1)
         rows.append((ids[r, start:n].tolist(), mask[r, start:n].tolist(), feats[r, start:n].half().cpu(),
                      t.int().cpu(), p.half().cpu()))
     ids_b, mask_b = pad_batch([x[0] for x in rows], [x[1] for x in rows])
