@@ -308,3 +308,34 @@ def test_distill_speed_times_both_engines_on_the_same_prompts(tmp_path):
     assert f["speedup"] == pytest.approx(f["whole"]["seconds"] / f["window"]["seconds"])
     md = out.with_suffix(".md").read_text()
     assert "replies/min" in md and "positions written" in md
+
+
+def test_the_cascade_runs_in_vllm_on_a_qwen3_moe_target(tmp_path):
+    """Of the families beyond Llama and Qwen2/3, vLLM 0.32 gives EAGLE-3's path the auxiliary hidden states
+    only for `qwen3_moe`: there our plugin runs. A tiny Qwen3-30B-A3B-shaped target (its published config,
+    shrunk; vLLM's CPU attention takes a head size of 64, not the family tests' 16) and a random cascade
+    exported for the plugin: both engines draft at every step and write vLLM's plain decoding. (A random
+    drafter's drafts are rejected; acceptance matching between the engines is tested on SmolLM2 above.)"""
+    import json
+
+    import torch
+
+    from fasteagle.draftconfig import DrafterConfig
+    from fasteagle.drafter import CascadedDrafter
+    from fasteagle.target import load_target
+    from tests.test_families import FIXTURES, build_family
+
+    raw = json.loads((FIXTURES / "qwen3_moe.json").read_text())
+    folder = build_family(raw, tmp_path / "target", hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=64)
+    target = load_target(str(folder), device="cpu", dtype="fp32")
+    torch.manual_seed(0)
+    CascadedDrafter(DrafterConfig.for_target(target.model, target.name, num_layers=3, intermediate=64)).save(
+        tmp_path / "fe")
+    texts = ["w10 w11 w12 w13", "w40 w41 w42 w43 w44 w45", "w7 w99 w123", "w200 w201 w202 w203 w204"]
+    got = compare_engines(target, Settings(drafter=tmp_path / "fe"), ["vanilla", "fasteagle"], texts, K, 24, [1],
+                          str(folder), None)["methods"]
+    assert got["vanilla"]["ours"]["identical"] == len(texts)
+    for engine in ("ours", "vllm"):
+        assert got["fasteagle"][engine]["identical"] == len(texts), engine
+        assert got["fasteagle"][engine]["drafts"] > 0, (engine, got["fasteagle"][engine])
