@@ -104,11 +104,12 @@ def cmd_serve(args) -> int:
     (exec: Ctrl-C and SIGTERM reach vLLM itself, which shuts its engine down)."""
     from fasteagle import eagle3_format
     from fasteagle.paths import cache_dir
-    from fasteagle.vllm_engine import require_vllm
+    from fasteagle.vllm_engine import check_drafted_family, require_vllm
 
     if args.k < 1:
         raise FastEagleError("--k must be at least 1")
     require_vllm()
+    check_drafted_family(args.target, args.method)
     drafter = None
     if args.method in ("eagle3", *CASCADES):
         from fasteagle.bench.serving import vllm_drafter
@@ -137,9 +138,11 @@ def bench(args, target, settings, names: list[str], texts: list[str], sizes: lis
     import datetime
 
     from fasteagle import bench as bench_mod
-    from fasteagle.vllm_engine import require_vllm
+    from fasteagle.vllm_engine import check_drafted_family, require_vllm
 
     vllm = require_vllm()
+    for name in names:
+        check_drafted_family(args.target, name)
     if args.step_costs:
         from fasteagle.bench.vllm_costs import measure
 

@@ -65,6 +65,24 @@ def target_dir(target: str | None) -> str:
     return resolve_target_path(target)
 
 
+NO_AUX_STATES = ("mixtral", "olmoe", "qwen2_moe", "gemma2", "gemma3_text")  # vLLM 0.32: no SupportsEagle3
+
+
+def check_drafted_family(target: str | None, method: str) -> None:
+    """One line where vLLM cannot run `method`'s drafter on this target's family: EAGLE-3's path (ours and
+    the cascade's) needs the auxiliary hidden states, which vLLM 0.32's models of these families do not
+    expose. Our engine drafts for them (python -m fasteagle generate / bench)."""
+    if method not in ("eagle3", *CASCADES):
+        return
+    from transformers import AutoConfig
+
+    kind = AutoConfig.from_pretrained(target_dir(target)).model_type
+    if kind in NO_AUX_STATES:
+        raise FastEagleError(f"vLLM 0.32's {kind} model exposes no auxiliary hidden states to EAGLE-3's path, so "
+                             f"it cannot run {method} on this target: our engine only (python -m fasteagle "
+                             f"generate --method {method} --target ...)")
+
+
 def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict | None:
     """vLLM's `speculative_config` for one of METHODS drafting a chain of k tokens (`drafter`: an exported
     folder for eagle3 and the cascades)."""

@@ -241,3 +241,35 @@ def test_an_unsupported_family_is_one_line(tmp_path, capsys):
     rc, out, err = run_main(cli.main, ["generate", "--prompt", "w7", "--target", str(tmp_path / "g")], capsys)
     assert_one_line_error(rc, err, "'gpt2' model")
     assert rc == 2
+
+
+@pytest.mark.parametrize("source", ["gemma2.json", "qwen3_moe.json"])
+def test_the_app_decodes_on_a_family_target(source, tmp_path):
+    """`python app.py --target` a Gemma or MoE folder: the app builds on it with both drafters, and a
+    greedy run of each writes the plain reply (the badge says identical)."""
+    import app
+    from tests.appclient import call_run, served
+
+    target = load_target(str(build_family(json.loads((FIXTURES / source).read_text()), tmp_path / "t")),
+                         device="cpu", dtype="fp32")
+    torch.manual_seed(0)
+    CascadedDrafter(DrafterConfig.for_target(target.model, target.name, num_layers=3, intermediate=64)).save(
+        tmp_path / "fe")
+    AutoregressiveDrafter(AutoregressiveDrafter.config_for(
+        DrafterConfig.for_target(target.model, target.name, intermediate=64), depth=3)).save(tmp_path / "e3")
+    demo = app.build_app(target, drafter_dir=tmp_path / "fe", eagle3_dir=tmp_path / "e3")
+    with served(demo) as client:
+        for method in ("FastEagle", "EAGLE-3"):
+            res = call_run(client, "w9 w10 w11 w12", method=method, max_new=10)
+            assert 'data-identical="true"' in res["badge"], (source, method, res["badge"])
+
+
+@pytest.mark.parametrize("source", ["gemma2.json", "mixtral.json", "olmoe.json"])
+def test_vllm_drafting_on_a_family_it_cannot_feed_is_one_line(source, tmp_path, capsys):
+    """`serve` (and `bench --engine vllm`) with a drafter on a family whose vLLM model has no auxiliary hidden
+    states: one line, exit 2, naming our engine as where it runs; before vLLM is started."""
+    pytest.importorskip("vllm")
+    folder = build_family(json.loads((FIXTURES / source).read_text()), tmp_path / "t")
+    rc, out, err = run_main(cli.main, ["serve", "--method", "fasteagle", "--target", str(folder), "--dry-run"], capsys)
+    assert_one_line_error(rc, err, "our engine only")
+    assert rc == 2

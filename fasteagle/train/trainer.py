@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -128,7 +129,10 @@ def start(cfg: TrainConfig, target=None) -> Run:
     torch.manual_seed(cfg.seed)
     # a batch whose replies end early leaves the deepest layers without a loss (`CascadedDrafter.loss`
     # skips them): under several processes DDP must expect parameters without gradients
-    accel = Accelerator(mixed_precision=mixed_precision(cfg), cpu=cfg.device == "cpu",
+    precision = mixed_precision(cfg)
+    if cfg.mixed_precision == "bf16" and precision == "no":
+        cfg.mixed_precision = "no"  # what the run records is what it ran
+    accel = Accelerator(mixed_precision=precision, cpu=cfg.device == "cpu",
                         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     target = target or load_target(cfg.target, device=accel.device, dtype=cfg.dtype)
     t_start = time.monotonic()
@@ -544,9 +548,22 @@ def mixed_precision(cfg: TrainConfig) -> str:
     """accelerate's mixed-precision mode for this run; refuses a mode it does not know."""
     if cfg.mixed_precision not in ("auto", "bf16", "no"):
         raise FastEagleError(f"mixed_precision must be auto, bf16 or no, not {cfg.mixed_precision!r}")
+    on_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
+    if cfg.mixed_precision == "bf16" and on_cpu and not cpu_has_bf16():
+        print("mixed_precision bf16: this CPU has no native bf16 matmuls (AVX512-BF16 or AMX), where torch "
+              "emulates them many times slower than fp32; training in fp32", file=sys.stderr)
+        return "no"
     if cfg.mixed_precision != "auto":
         return cfg.mixed_precision
-    return "bf16" if torch.cuda.is_available() and cfg.device != "cpu" else "no"
+    return "no" if on_cpu else "bf16"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (oneDNN's check)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def process_share(order: list[int], index: int, count: int) -> list[int]:

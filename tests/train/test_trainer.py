@@ -11,10 +11,11 @@ import torch
 from fasteagle.drafter import CascadedDrafter
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
+from fasteagle.train import trainer as trainer_mod
 from fasteagle.train.config import TrainConfig
 from fasteagle.train.data import load_token_dataset, save_token_dataset
 from fasteagle.train.teacher import Batch, micro_batches
-from fasteagle.train.trainer import lr_at, process_share, train
+from fasteagle.train.trainer import lr_at, mixed_precision, process_share, train
 from tests.conftest import TINY_VOCAB
 
 
@@ -69,7 +70,7 @@ def test_tiny_training_lowers_loss_and_raises_acceptance(tiny, tmp_path):
         assert tokens / forwards == pytest.approx(replay[shape], abs=0.02), shape
 
 
-def test_cpu_recipe_bf16_and_a_loss_over_frequent_tokens_still_trains_the_whole_vocab(tiny, tmp_path):
+def test_cpu_recipe_bf16_and_a_loss_over_frequent_tokens_still_trains_the_whole_vocab(tiny, tmp_path, monkeypatch):
     """The CPU fine-tuning recipe (bf16 matmuls, the softmax over the most frequent reply tokens plus the
     batch's teacher tokens) trains a drafter that drafts over the whole vocabulary: the holdout, scored
     with the full softmax, accepts much more than before, and decoding stays lossless."""
@@ -79,6 +80,7 @@ def test_cpu_recipe_bf16_and_a_loss_over_frequent_tokens_still_trains_the_whole_
                       holdout_data=str(tmp_path / "holdout.pt"), num_layers=3, intermediate=96, topk=8,
                       batch_tokens=400, max_steps=120, warmup=5, lr=3e-3, eval_sequences=6, device="cpu",
                       mixed_precision="bf16", loss_vocab=16)
+    monkeypatch.setattr(trainer_mod, "cpu_has_bf16", lambda: True)  # bf16 even where this CPU emulates it
     from accelerate.state import AcceleratorState
     AcceleratorState._reset_state()  # accelerate keeps one precision per process; the other tests run fp32
     try:
@@ -388,3 +390,14 @@ def test_shard_fraction_draws_a_seeded_share_of_the_data_shards_and_keeps_extra_
     for bad in (0.0, 1.5):
         with pytest.raises(FastEagleError, match="shard_fraction"):
             TrainConfig(out=str(tmp_path), shard_fraction=bad).check()
+
+
+def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32(monkeypatch, capsys):
+    """torch emulates bf16 matmuls on a CPU without AVX512-BF16 or AMX (an AVX2 machine here: a training
+    step that took seconds in fp32 had not finished in ten minutes): such a run trains in fp32, saying so."""
+    monkeypatch.setattr(trainer_mod, "cpu_has_bf16", lambda: False)
+    assert mixed_precision(TrainConfig(out="x", mixed_precision="bf16", device="cpu")) == "no"
+    assert "training in fp32" in capsys.readouterr().err
+    monkeypatch.setattr(trainer_mod, "cpu_has_bf16", lambda: True)
+    assert mixed_precision(TrainConfig(out="x", mixed_precision="bf16", device="cpu")) == "bf16"
+    assert mixed_precision(TrainConfig(out="x", device="cpu")) == "no"
