@@ -262,10 +262,8 @@ def _bench_diagnose(args) -> int:
     one = len(drafted) == 1
     doc = diagnose.diagnose(target, methods[drafted[0]] if one else {m: methods[m] for m in drafted}, prompts,
                             args.max_new_tokens, variants) | {
-        "device": bench.device_name(target.device), "target": target.name,
-        "variants": variants if one else [diagnose.run_name(m, v) for m in drafted for v in variants],
-        "threads": _threads(), "prompts_desc": settings["prompts_desc"], "prompts": prompt_files,
-        "max_new_tokens": args.max_new_tokens}
+        "device": bench.device_name(target.device), "target": target.name, "threads": _threads(),
+        "prompts_desc": settings["prompts_desc"], "prompts": prompt_files, "max_new_tokens": args.max_new_tokens}
     doc |= {"method": drafted[0], "drafter": next(iter(paths.values()), None)} if one else \
         {"drafters": {m: paths.get(m) for m in drafted}}
     return _report(doc, args.out)

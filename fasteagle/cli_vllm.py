@@ -109,7 +109,7 @@ def cmd_serve(args) -> int:
     if args.k < 1:
         raise FastEagleError("--k must be at least 1")
     require_vllm()
-    check_drafted_family(args.target, args.method)
+    check_drafted_family(args.target, [args.method])
     drafter = None
     if args.method in ("eagle3", *CASCADES):
         from fasteagle.bench.serving import vllm_drafter
@@ -141,8 +141,7 @@ def bench(args, target, settings, names: list[str], texts: list[str], sizes: lis
     from fasteagle.vllm_engine import check_drafted_family, require_vllm
 
     vllm = require_vllm()
-    for name in names:
-        check_drafted_family(args.target, name)
+    check_drafted_family(args.target if target is None else target.model.config, names)
     if args.step_costs:
         from fasteagle.bench.vllm_costs import measure
 

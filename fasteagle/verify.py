@@ -89,8 +89,9 @@ def tree_mask(config, ancestors: torch.Tensor, past: int, positions: torch.Tenso
     window, per_type = attention_windows(config)
     if not window:
         return mask
-    slid = limit_to_window(mask.clone(), positions, window)
-    return {"full_attention": mask, "sliding_attention": slid} if per_type else slid
+    if not per_type:  # every layer slides: the one mask, windowed in place
+        return limit_to_window(mask, positions, window)
+    return {"full_attention": mask, "sliding_attention": limit_to_window(mask.clone(), positions, window)}
 
 
 def prefill_forward(model: torch.nn.Module, cache: KVCache, ids: torch.Tensor, feature_layers: tuple[int, ...] = ()):

@@ -68,19 +68,23 @@ def target_dir(target: str | None) -> str:
 NO_AUX_STATES = ("mixtral", "olmoe", "qwen2_moe", "gemma2", "gemma3_text")  # vLLM 0.32: no SupportsEagle3
 
 
-def check_drafted_family(target: str | None, method: str) -> None:
-    """One line where vLLM cannot run `method`'s drafter on this target's family: EAGLE-3's path (ours and
+def check_drafted_family(target, methods: list[str]) -> None:
+    """One line where vLLM cannot run a method's drafter on this target's family: EAGLE-3's path (ours and
     the cascade's) needs the auxiliary hidden states, which vLLM 0.32's models of these families do not
-    expose. Our engine drafts for them (python -m fasteagle generate / bench)."""
-    if method not in ("eagle3", *CASCADES):
+    expose. Our engine drafts for them (python -m fasteagle generate / bench). `target`: a loaded target's
+    model config, or the target's name (its config.json is read only if a method drafts)."""
+    drafted = [m for m in methods if m in ("eagle3", *CASCADES)]
+    if not drafted:
         return
-    from transformers import AutoConfig
+    if isinstance(target, str) or target is None:
+        from transformers import AutoConfig
 
-    kind = AutoConfig.from_pretrained(target_dir(target)).model_type
+        target = AutoConfig.from_pretrained(target_dir(target))
+    kind = target.model_type
     if kind in NO_AUX_STATES:
         raise FastEagleError(f"vLLM 0.32's {kind} model exposes no auxiliary hidden states to EAGLE-3's path, so "
-                             f"it cannot run {method} on this target: our engine only (python -m fasteagle "
-                             f"generate --method {method} --target ...)")
+                             f"it cannot run {drafted[0]} on this target: our engine only (python -m fasteagle "
+                             f"generate --method {drafted[0]} --target ...)")
 
 
 def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict | None:

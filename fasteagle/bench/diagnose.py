@@ -267,7 +267,8 @@ def diagnose(target, drafters, prompts: list[dict], max_new: int, variants: list
     taus: dict = {}
     for (kind, method, wname), (tok, steps) in sorted(walks.items()):
         taus.setdefault(kind, {}).setdefault(method, {})[wname] = round(trace.tau(tok, steps), 3)
-    return {"prompt_tokens": {k: {"median": sorted(v)[len(v) // 2], "min": min(v), "max": max(v), "n": len(v)}
+    return {"variants": [run_name(label, v) for label in labelled for v in variants],
+            "prompt_tokens": {k: {"median": sorted(v)[len(v) // 2], "min": min(v), "max": max(v), "n": len(v)}
                               for k, v in lengths.items()},
             "tau": taus, "rates": tally.table(), "renumbered_max_gap": max(gaps, default=None), "check": checks}
 
