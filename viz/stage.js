@@ -296,7 +296,7 @@ function load() {
   S.sent.clear();
   if (!S.run) return;
   const s = slider();
-  const want = s ? Number(s.value) : 0;
+  const want = Number(s ? s.value : r.dataset.at || 0);  // the page's slider, else (as the page loads) the run's own
   const at = S.run.steps.findIndex((x) => x.s === want);
   setStep(at >= 0 ? at : 0, 4);
 }

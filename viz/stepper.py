@@ -25,6 +25,7 @@ from pathlib import Path
 
 from fasteagle.trace import LOOKUP_SOURCE, token_kinds
 from viz.palette import BONUS_COLOR, MARKS, OKABE_ITO, RESAMPLED_COLOR, VERDICT_COLORS
+from viz.race import landing_step
 from viz.tokens import token_label
 
 PHASES = ("draft", "verify", "walk", "emit", "bonus")
@@ -91,8 +92,10 @@ def stage_html(run: Mapping | None, label: Callable[[Sequence[int]], str] | None
                '<button type="button" data-go="1" aria-label="next phase">▶</button>')
     chips = "".join(f'<button type="button" class="fe-phase" data-phase="{i}">{i + 1} {p}</button>'
                     for i, p in enumerate(PHASES))
+    # data-at: the step the stage opens on before the page's slider exists (the replay's landing step)
+    at = landing_step(run["sides"]["speculative"]["traces"])
     return (f'<div class="fe-stage" tabindex="0" role="group" aria-label="the step in phases" '
-            f'data-run="{escape(data, quote=True)}">'
+            f'data-at="{at}" data-run="{escape(data, quote=True)}">'
             f'<div class="fe-stage-bar">{buttons}<input type="range" class="fe-stage-steps" min="0" value="0" '
             'aria-label="replay step"><span class="fe-stage-where" aria-live="polite"></span>'
             f'<span class="fe-phases">{chips}</span></div>'

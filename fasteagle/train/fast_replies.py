@@ -75,15 +75,18 @@ def _eos_ids(llm) -> list[int]:
 def _all_cores(make):
     """`make()` with vLLM's CPU worker on every core: for serving, vLLM leaves one core of a small machine to
     its engine process, but offline generation keeps that process idle (measured on 2 cores: 24 replies in
-    30 s instead of 51 s; docs/training.md). Benchmarks that compare engines at equal threads do not use this."""
+    30 s instead of 51 s; docs/training.md). Benchmarks that compare engines at equal threads do not use this.
+    The engine's wait on one model step is lifted from vLLM's 5 minutes to a day: a long data run is paused
+    (SIGSTOP) while anything is timed, and a pause longer than that wait killed the engine."""
     import os
 
-    key, old = "VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    if old is None:
-        os.environ[key] = f"0-{(os.cpu_count() or 1) - 1}"
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "86400"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: v for k, v in env.items() if old[k] is None})
     try:
         return make()
     finally:
-        if old is None:
-            os.environ.pop(key, None)
+        for k in env:
+            if old[k] is None:
+                os.environ.pop(k, None)
 
