@@ -142,6 +142,9 @@ def test_the_stage_html_carries_its_data_and_a_placeholder_without_a_run(tiny):
     assert data["steps"][1]["tok"][0].startswith("tok<") and [p for p in stepper.PHASES] == [
         "draft", "verify", "walk", "emit", "bonus"]
     assert all(f'data-phase="{i}"' in html for i in range(5)) and 'class="fe-stage-steps"' in html
+    # the step it opens on before the page's slider exists: the replay's landing step, never the prefill
+    at = int(re.search(r'data-at="(\d+)"', html).group(1))
+    assert at == viz.landing_step(run["sides"]["speculative"]["traces"]) > 0
     assert "fe-stage-empty" in viz.stage_html(None) and "fe-stage-empty" in viz.stage_html({"sides": {}})
 
 
