@@ -121,6 +121,22 @@ def _set_step(page, step: int) -> None:
         "(s) => (document.querySelector('#step-info')?.innerText || '').includes('Step ' + s + ' of')", arg=step)
 
 
+def _present_on(page) -> None:
+    """Tick presentation mode and wait for the page to take it. The first screen's stage is in the page as
+    built, so it can be on screen before Gradio has bound the checkbox's event: a tick that early is lost, and
+    is made again once the box is ticked with no effect."""
+    box = page.locator("#present input[type=checkbox]")
+    for _ in range(10):
+        if not box.is_checked():
+            box.check()
+        try:
+            page.wait_for_function("() => document.body.classList.contains('fe-present')", timeout=3_000)
+            return
+        except sync_api.TimeoutError:
+            box.uncheck()
+    page.wait_for_function("() => document.body.classList.contains('fe-present')", timeout=1)
+
+
 def _run(page) -> None:
     """Press Run and wait for the run's end: the badge of the run on screen (the first screen's, at
     first) goes while it decodes, and the new run's comes back."""
@@ -440,8 +456,7 @@ def test_presentation_mode(app_url, page):
     url, _ = app_url
     page.goto(url, wait_until="load")
     assert not page.locator("#tree-side").is_visible()
-    page.locator("#present input[type=checkbox]").check()
-    page.wait_for_function("() => document.body.classList.contains('fe-present')")
+    _present_on(page)
     page.wait_for_selector("#tree-side", state="visible")
     assert "Reading the tree" in page.locator("#tree-side").inner_text()
     assert "␣ a space" in page.locator("#glyphs").inner_text() and "↵ a newline" in page.locator("#glyphs").inner_text()
@@ -691,8 +706,7 @@ def test_the_projector_shows_tree_reply_and_replay_controls_at_once(app_url, pag
         pg = context.new_page()
         pg.goto(url, wait_until="load")
         pg.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
-        pg.locator("#present input[type=checkbox]").check()
-        pg.wait_for_function("() => document.body.classList.contains('fe-present')")
+        _present_on(pg)
         pg.evaluate("() => document.querySelector('#stage').scrollIntoView({block: 'start'})")
         pg.wait_for_timeout(400)
         boxes = {s: _box(pg, s) for s in ("#stage .fe-stage-tree", "#stage .fe-stage-steps", "#spec-reply",
