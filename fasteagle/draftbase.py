@@ -366,10 +366,11 @@ class DrafterBase(nn.Module):
                 *(m.weight for f in fused for m in (f.qkv, f.gate_up))]
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor,
-                      true_tokens: bool = False) -> list[torch.Tensor]:
+                      true_tokens: bool = False, cur_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Teacher-forced outputs for every depth over whole sequences (B, L): entry i-1 at position t
         predicts token t+1+i. The subclass's own network; `true_tokens`: where a depth reads the token the
-        one before it drafted, it reads the sequence's own there (`token_source` "true")."""
+        one before it drafted, it reads the sequence's own there (`token_source` "true"); `cur_ids`: token t
+        at position t, for a network that reads it (`DrafterConfig.current_token`)."""
         raise NotImplementedError
 
     def loss(self, feats: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -384,7 +385,8 @@ class DrafterBase(nn.Module):
         token-conditioned cascade's layers read the sequence's own tokens where they would read their drafts.
         """
         L = input_ids.shape[1]
-        outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], self.cfg.token_source == "true")
+        outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], self.cfg.token_source == "true",
+                                  cur_ids=input_ids[:, :-1])
         rows, to_row = self._loss_rows(teacher_ids)
         total, stats = 0.0, {}
         for i, h in enumerate(outs, start=1):

@@ -39,6 +39,8 @@ class DrafterConfig:
     # "true", the sequence's own token there (what the deeper targets are conditioned on, and on the target's
     # greedy replies what depth i must draft for depth i+1 to count); drafting always reads its own top-1
     attention_window: int = 0  # cascade only: each layer attends over its last this many positions (0: all)
+    current_token: bool = False  # cascade only: each row also reads its own position's token, not only the next
+    # one, so one attention layer can match the token being continued and read the one after it (a copy)
     depth: int = 7  # EAGLE-3 style only: unrolled training steps and draft tree depth
     draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)

@@ -12,6 +12,12 @@ conditioned on and, on the target's greedy replies, the one depth i must draft f
 (EAGLE-3's training-time test likewise feeds its steps the true tokens, beside its own hidden states).
 Drafting always reads its own top-1; side branches of the tree are not conditioned.
 
+With `current_token`, row t reads its own token too: h_1 = L1(FC(concat(g_t, embed(x_{t+1}), embed(x_t)))).
+Copying the context (the target restating a document) is an induction match: find the earlier row whose
+token is the one being continued, and read the token after it. Row j holds x_{j+1}, which the match must
+read, and now x_j in the clear, which it must match: one attention layer can copy, where without it the
+match had to be learned through the target's features of x_j.
+
 One forward yields every depth's distribution (an EAGLE-style drafter needs one forward per
 depth). Each layer is a stock `LlamaDecoderLayer` attending causally over the accepted prefix with
 its own KV cache; the embedding and LM head are the target's own, frozen, and not saved here
@@ -41,7 +47,9 @@ class CascadedDrafter(DrafterBase):
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__(cfg)
-        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden + cfg.target_hidden, cfg.width, bias=False)
+        tokens = 2 if cfg.current_token else 1  # the next token's embedding, and the row's own
+        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden + tokens * cfg.target_hidden, cfg.width,
+                            bias=False)
         self._add_decoder()
         self.apply(self._init)
         if cfg.token_conditioned:  # zero at the start: the plain cascade's function (docstring above)
@@ -87,15 +95,21 @@ class CascadedDrafter(DrafterBase):
     # -- network --------------------------------------------------------------------------------
     def hidden(self, feats: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
                mask: torch.Tensor | None = None, cache: KVCache | None = None,
-               layers: int | None = None, depth_tokens: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+               layers: int | None = None, depth_tokens: list[torch.Tensor] | None = None,
+               cur_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Outputs of the first `layers` layers (all by default), (B, L, width) each. mask=None means
         plain causal attention, within the drafter's `attention_window` where it has one. A token-conditioned
-        layer i+1 reads `depth_tokens[i]` (B, L) where given, else depth i's own top-1."""
+        layer i+1 reads `depth_tokens[i]` (B, L) where given, else depth i's own top-1. `cur_ids` (B, L): each
+        row's own token, which a `current_token` cascade reads beside `next_ids`."""
         if mask is None and cache is None and self.attention_window:
             n = next_ids.shape[1]
             mask = attention_mask(causal_ancestors(n, next_ids.device), 0, feats.dtype)
             limit_to_window(mask, position_ids[0], self.attention_window)
         embed = self.embed(next_ids).to(feats.dtype)
+        if self.cfg.current_token:
+            if cur_ids is None:
+                raise ValueError("a current_token cascade reads each row's own token: pass cur_ids")
+            embed = torch.cat([embed, self.embed(cur_ids).to(feats.dtype)], -1)
         x = self.fc(torch.cat([feats, embed], -1))
         pe = self.rotary(x, position_ids)
         outs = []
@@ -114,18 +128,30 @@ class CascadedDrafter(DrafterBase):
             return self.embed(self.vocab_ids[self.head(h, depth).argmax(-1)])
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor,
-                      true_tokens: bool = False) -> list[torch.Tensor]:
+                      true_tokens: bool = False, cur_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Teacher-forced outputs for every depth over whole sequences: entry i-1 at position t
         predicts token t+1+i. For the cascade that is simply layer i's output. With `true_tokens` a
         token-conditioned layer i+1 reads the sequence's token t+1+i at slot t (`token_source` "true"),
-        not depth i's draft of it."""
+        not depth i's draft of it. `cur_ids`: token t at slot t (`hidden`)."""
         b, n = next_ids.shape
         depth_tokens = None
         if true_tokens and self.cfg.token_conditioned:
             pad = F.pad(next_ids, (0, len(self.layers)))  # next_ids[t] is token t+1
             depth_tokens = [pad[:, d:d + n] for d in range(1, len(self.layers))]
         return self.hidden(feats, next_ids, torch.arange(n, device=next_ids.device)[None].expand(b, -1),
-                           depth_tokens=depth_tokens)
+                           depth_tokens=depth_tokens, cur_ids=cur_ids)
+
+    @torch.no_grad()
+    def add_current_token(self) -> None:
+        """Grow a plain cascade into a `current_token` one: fc takes the row's own token's embedding through
+        new columns that start at zero, so the drafter's function is unchanged until it trains."""
+        old = self.fc.weight
+        fc = nn.Linear(old.shape[1] + self.cfg.target_hidden, old.shape[0], bias=False, device=old.device,
+                       dtype=old.dtype)
+        fc.weight.zero_()
+        fc.weight[:, :old.shape[1]] = old
+        self.fc = fc
+        self.cfg.current_token = True
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:
@@ -209,6 +235,8 @@ class CascadeState:
 
     def mode(self) -> str:
         """The decode step's kind this sequence (see `step_mode`)."""
+        if self.drafter.cfg.current_token:  # the fixed-shape step feeds next tokens only
+            return "dynamic"
         if self.step_mode is not None:
             return self.step_mode
         return "graph" if graphs_wanted(self.drafter.device) else "dynamic"
@@ -274,7 +302,8 @@ class CascadeState:
         if past or d.attention_window:  # cache rows are positions less the `skipped` ones
             mask = limit_to_window(attention_mask(causal_ancestors(n, tokens.device), past, d.dtype),
                                    pos[0] - self.skipped, d.attention_window)
-        outs = d.hidden(features[None].to(d.dtype), nxt[None], pos, mask, self.cache, self.active_layers)
+        outs = d.hidden(features[None].to(d.dtype), nxt[None], pos, mask, self.cache, self.active_layers,
+                        cur_ids=tokens[None])
         self.last = torch.stack([o[0, -1] for o in outs])  # (active layers, width)
 
     def _fitting_step(self) -> DraftStep:

@@ -160,7 +160,7 @@ class AutoregressiveDrafter(DrafterBase):
         return x
 
     def depth_outputs(self, feats: torch.Tensor, next_ids: torch.Tensor,
-                      true_tokens: bool = False) -> list[torch.Tensor]:
+                      true_tokens: bool = False, cur_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Training-time test: `depth` unrolled steps over whole sequences (each step reads the sequence's
         own token, so `true_tokens` changes nothing).
 

@@ -256,6 +256,9 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     if drafter.attention_window:
         raise FastEagleError(f"this cascade attends within a window of {drafter.attention_window} positions, which the "
                              "vLLM plugin's layers cannot: they attend over the whole context")
+    if cfg.current_token:
+        raise FastEagleError("this cascade's rows read their own token too (current_token), which vLLM's draft rows "
+                             "do not carry: it drafts in our engine only")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     feats = len(cfg.feature_layers) * cfg.target_hidden

@@ -261,6 +261,64 @@ def test_a_token_conditioned_cascade_is_lossless(tiny, k, budget):
     assert got == want and traces[-1].tau > 2.0
 
 
+def test_a_current_token_cascade_grows_from_a_plain_one_and_reads_each_rows_token(tiny, tmp_path):
+    """current_token: fc also reads embed(x_t) at row t. Grown from a plain cascade its new columns are zero
+    (the same function); once they are not, a row's output follows its own token, the loss trains them, and
+    save/load keeps them. vLLM's draft rows do not carry that token: export refuses in one line."""
+    from fasteagle.eagle3_format import export_cascade
+
+    ids = torch.randint(4, TINY_VOCAB, (1, 14))
+    plain = make(tiny)
+    f = features(tiny, ids, plain.cfg.feature_layers)
+    pos = torch.arange(13)[None]
+    plain.save(tmp_path / "plain")
+    grown = load_drafter(tmp_path / "plain", tiny.model)
+    with torch.no_grad():
+        before = grown.hidden(f[:, :-1], ids[:, 1:], pos)
+    grown.add_current_token()
+    with torch.no_grad():
+        for a, b in zip(before, grown.hidden(f[:, :-1], ids[:, 1:], pos, cur_ids=ids[:, :-1])):
+            torch.testing.assert_close(a, b)
+        grown.fc.weight[:, -grown.cfg.target_hidden:].normal_(0, 0.5)
+        other = ids[:, :-1].clone()
+        other[0, 5] = (other[0, 5] + 1) % TINY_VOCAB
+        a, b = (grown.hidden(f[:, :-1], ids[:, 1:], pos, cur_ids=c)[0] for c in (ids[:, :-1], other))
+    assert torch.equal(a[0, :5], b[0, :5]) and not torch.allclose(a[0, 5], b[0, 5])  # causal, and read
+    with pytest.raises(ValueError, match="cur_ids"):
+        grown.hidden(f[:, :-1], ids[:, 1:], pos)
+    grown.train()
+    loss, _ = grown.loss(f, ids, torch.ones(1, 14), torch.randint(4, TINY_VOCAB, (1, 14, 2)),
+                         torch.tensor([0.75, 0.25]).expand(1, 14, 2).clone())
+    loss.backward()
+    assert grown.fc.weight.grad[:, -grown.cfg.target_hidden:].abs().sum() > 0
+    grown.eval().save(tmp_path / "grown")
+    back = load_drafter(tmp_path / "grown", tiny.model)
+    assert back.cfg.current_token and torch.allclose(back.fc.weight, grown.fc.weight, atol=1e-2)
+    with pytest.raises(FastEagleError, match="our engine only"):
+        export_cascade(back, tmp_path / "vllm")
+
+
+def test_a_current_token_cascade_extends_as_its_full_forward_and_is_lossless(tiny):
+    """Fed in chunks through its caches it gives the full forward's last outputs (each chunk's rows read
+    their own tokens), and greedy decoding with it is vanilla's, token for token."""
+    d = make(tiny, current_token=True)
+    torch.nn.init.normal_(d.fc.weight, 0, 0.1)
+    ids = torch.randint(4, TINY_VOCAB, (20,))
+    f = features(tiny, ids[None], d.cfg.feature_layers)[0]
+    with torch.no_grad():
+        full = d.hidden(f[None], torch.cat([ids[1:], torch.tensor([9])])[None], torch.arange(20)[None],
+                        cur_ids=ids[None])
+    d.reset(64)
+    d.extend(ids[:7], f[:7], int(ids[7]))
+    d.extend(ids[7:], f[7:], 9)
+    torch.testing.assert_close(d.last, torch.stack([o[0, -1] for o in full]), atol=1e-5, rtol=1e-4)
+    d.tree_k, d.tree_budget = 4, 20
+    prompt = ids[:10]
+    want, _ = run(tiny, prompt, max_new_tokens=30)
+    assert run(tiny, prompt, drafter=d, max_new_tokens=30)[0] == want
+    got, traces = run(tiny, prompt, drafter=steer(d, want), max_new_tokens=30)
+    assert got == want and traces[-1].tau > 2.0
+
 def test_save_load_round_trip(tiny, tmp_path):
     d = make(tiny, draft_vocab=100)
     counts = torch.arange(TINY_VOCAB)

@@ -86,7 +86,7 @@ def drafts(drafter, feats: torch.Tensor, seq: torch.Tensor, variant: str, prompt
     n = seq.numel() - 1 - start
     with window(drafter, size if kind == "window" else 0):
         outs = drafter.hidden(feats[:, start:-1].to(drafter.dtype), seq[None, start + 1:],
-                              torch.arange(start, start + n)[None])
+                              torch.arange(start, start + n)[None], cur_ids=seq[None, start:-1])
     tops = [drafter.head(o[0], d + 1).float().softmax(-1).topk(k, -1) for d, o in enumerate(outs)]
     top_i = drafter.vocab_ids[torch.stack([t.indices for t in tops], 1)]
     top_p = torch.stack([t.values for t in tops], 1)
@@ -103,7 +103,7 @@ def renumbered_gap(drafter, feats: torch.Tensor, seq: torch.Tensor, w: int, slot
     for row, t in enumerate(slots):
         lo = max(0, t - w + 1)
         f, ids = feats[:, lo:t + 1], seq[None, lo + 1:t + 2]
-        out = drafter.hidden(f.to(drafter.dtype), ids, torch.arange(ids.shape[1])[None])[0]
+        out = drafter.hidden(f.to(drafter.dtype), ids, torch.arange(ids.shape[1])[None], cur_ids=seq[None, lo:t + 1])[0]
         p = drafter.head(out[0, -1], 1).float().softmax(-1)
         gap = max(gap, float((p - windowed[row]).abs().max()))
     return gap
@@ -225,7 +225,8 @@ def analyse(drafter, seq: list[int], prompt_len: int, kind: str, variants: list[
 def _depth1_probs(drafter, feats, ids, w, slots):
     n = ids.numel() - 1
     with window(drafter, w):
-        outs = drafter.hidden(feats[:, :-1].to(drafter.dtype), ids[None, 1:], torch.arange(n)[None], layers=1)
+        outs = drafter.hidden(feats[:, :-1].to(drafter.dtype), ids[None, 1:], torch.arange(n)[None], layers=1,
+                              cur_ids=ids[None, :-1])
     return drafter.head(outs[0][0, slots], 1).float().softmax(-1)
 
 

@@ -53,6 +53,8 @@ class TrainConfig:
     loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
     token_conditioned: bool = False  # fasteagle: each layer also reads the token the layer before drafted
     token_source: str = "draft"  # that token in training: "draft" (its own top-1) or "true" (the sequence's)
+    current_token: bool = False  # fasteagle: each row also reads its own token (`DrafterConfig.current_token`);
+    # with init_from, a drafter without it grows it, its function unchanged at the start
     topk: int = 16
     draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens; with init_from,
     # a number above its draft vocab grows it (the vocabulary size or more: all of it)

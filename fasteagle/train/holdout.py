@@ -44,7 +44,7 @@ def evaluate(drafter: CascadedDrafter, model, data: dict, n: int, max_len: int, 
         feats, t_ids, _ = teach(model, ids, drafter.cfg.feature_layers, 1)
         target_top1 = t_ids[0, :, 0]  # target's argmax at each position
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            outs = drafter.depth_outputs(feats[:, :-1].to(drafter.fc.weight.dtype), ids[:, 1:])
+            outs = drafter.depth_outputs(feats[:, :-1].to(drafter.fc.weight.dtype), ids[:, 1:], cur_ids=ids[:, :-1])
         T = L - 1 - N  # start positions with every depth defined
         spine = torch.zeros(N, T, dtype=torch.bool, device=dev)
         leaf = torch.zeros(N, T, dtype=torch.bool, device=dev)

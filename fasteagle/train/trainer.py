@@ -145,6 +145,7 @@ def start(cfg: TrainConfig, target=None) -> Run:
                                     loss_decay=cfg.loss_decay, loss_targets=cfg.loss_targets,
                                     token_conditioned=cfg.token_conditioned and cfg.drafter == "fasteagle",
                                     token_source=cfg.token_source if cfg.drafter == "fasteagle" else "draft",
+                                    current_token=cfg.current_token and cfg.drafter == "fasteagle",
                                     # a draft vocab of them all is the whole one: 0
                                     draft_vocab=cfg.draft_vocab if cfg.draft_vocab < vocab_size else 0)
     drafter_cls = CascadedDrafter
@@ -324,6 +325,9 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
         if drafter.cfg.kind == "eagle3" and drafter.cfg.layout != dcfg.layout == "eagle3":
             accel.print("moving it to EAGLE-3's layout (layer 0 reads [embed; hidden]; training goes on from there)")
             drafter = drafter.to_eagle3_layout()
+        if cfg.current_token and drafter.cfg.kind == "fasteagle" and not drafter.cfg.current_token:
+            accel.print("its rows now read their own token too (fc grows by zero columns: same function to start)")
+            drafter.add_current_token()
         if cfg.intermediate > drafter.cfg.intermediate:  # more capacity, same function to start from
             accel.print(f"widening its MLP from {drafter.cfg.intermediate} to {cfg.intermediate} channels")
             drafter.grow_mlp(cfg.intermediate, model)
