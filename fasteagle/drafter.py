@@ -12,7 +12,8 @@ conditioned on and, on the target's greedy replies, the one depth i must draft f
 (EAGLE-3's training-time test likewise feeds its steps the true tokens, beside its own hidden states).
 Drafting always reads its own top-1; side branches of the tree are not conditioned.
 
-With `current_token`, row t reads its own token too: h_1 = L1(FC(concat(g_t, embed(x_{t+1}), embed(x_t)))).
+With `current_token`, row t reads its own token too: h_1 = L1(FC(concat(g_t, embed(x_{t+1}))) + C(embed(x_t))),
+C a linear map that starts at zero (a plain cascade grows into one without changing its function).
 Copying the context (the target restating a document) is an induction match: find the earlier row whose
 token is the one being continued, and read the token after it. Row j holds x_{j+1}, which the match must
 read, and now x_j in the clear, which it must match: one attention layer can copy, where without it the
@@ -47,11 +48,11 @@ class CascadedDrafter(DrafterBase):
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__(cfg)
-        tokens = 2 if cfg.current_token else 1  # the next token's embedding, and the row's own
-        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden + tokens * cfg.target_hidden, cfg.width,
-                            bias=False)
+        self.fc = nn.Linear(len(cfg.feature_layers) * cfg.target_hidden + cfg.target_hidden, cfg.width, bias=False)
         self._add_decoder()
         self.apply(self._init)
+        if cfg.current_token:  # zero at the start: the plain cascade's function (docstring above)
+            self._add_cur_fc()
         if cfg.token_conditioned:  # zero at the start: the plain cascade's function (docstring above)
             self.tok_fc = nn.ModuleList(nn.Linear(cfg.target_hidden, cfg.width, bias=False)
                                         for _ in range(cfg.num_layers - 1))
@@ -106,11 +107,11 @@ class CascadedDrafter(DrafterBase):
             mask = attention_mask(causal_ancestors(n, next_ids.device), 0, feats.dtype)
             limit_to_window(mask, position_ids[0], self.attention_window)
         embed = self.embed(next_ids).to(feats.dtype)
+        x = self.fc(torch.cat([feats, embed], -1))
         if self.cfg.current_token:
             if cur_ids is None:
                 raise ValueError("a current_token cascade reads each row's own token: pass cur_ids")
-            embed = torch.cat([embed, self.embed(cur_ids).to(feats.dtype)], -1)
-        x = self.fc(torch.cat([feats, embed], -1))
+            x = x + self.cur_fc(self.embed(cur_ids).to(feats.dtype))
         pe = self.rotary(x, position_ids)
         outs = []
         run = range(len(self.layers))[:layers]
@@ -141,17 +142,16 @@ class CascadedDrafter(DrafterBase):
         return self.hidden(feats, next_ids, torch.arange(n, device=next_ids.device)[None].expand(b, -1),
                            depth_tokens=depth_tokens, cur_ids=cur_ids)
 
-    @torch.no_grad()
     def add_current_token(self) -> None:
-        """Grow a plain cascade into a `current_token` one: fc takes the row's own token's embedding through
-        new columns that start at zero, so the drafter's function is unchanged until it trains."""
-        old = self.fc.weight
-        fc = nn.Linear(old.shape[1] + self.cfg.target_hidden, old.shape[0], bias=False, device=old.device,
-                       dtype=old.dtype)
-        fc.weight.zero_()
-        fc.weight[:, :old.shape[1]] = old
-        self.fc = fc
+        """Grow a plain cascade into a `current_token` one: `cur_fc` starts at zero, so the drafter's function
+        is unchanged until it trains."""
+        self._add_cur_fc()
         self.cfg.current_token = True
+
+    def _add_cur_fc(self) -> None:
+        w = self.fc.weight
+        self.cur_fc = nn.Linear(self.cfg.target_hidden, self.cfg.width, bias=False, device=w.device, dtype=w.dtype)
+        nn.init.zeros_(self.cur_fc.weight)
 
     # -- drafter protocol -----------------------------------------------------------------------
     def reset(self, capacity: int = 4096) -> None:

@@ -262,8 +262,8 @@ def test_a_token_conditioned_cascade_is_lossless(tiny, k, budget):
 
 
 def test_a_current_token_cascade_grows_from_a_plain_one_and_reads_each_rows_token(tiny, tmp_path):
-    """current_token: fc also reads embed(x_t) at row t. Grown from a plain cascade its new columns are zero
-    (the same function); once they are not, a row's output follows its own token, the loss trains them, and
+    """current_token: `cur_fc` adds embed(x_t) at row t. Grown from a plain cascade it is zero (the same
+    function); once it is not, a row's output follows its own token, the loss trains them, and
     save/load keeps them. vLLM's draft rows do not carry that token: export refuses in one line."""
     from fasteagle.eagle3_format import export_cascade
 
@@ -279,7 +279,7 @@ def test_a_current_token_cascade_grows_from_a_plain_one_and_reads_each_rows_toke
     with torch.no_grad():
         for a, b in zip(before, grown.hidden(f[:, :-1], ids[:, 1:], pos, cur_ids=ids[:, :-1])):
             torch.testing.assert_close(a, b)
-        grown.fc.weight[:, -grown.cfg.target_hidden:].normal_(0, 0.5)
+        grown.cur_fc.weight.normal_(0, 0.5)
         other = ids[:, :-1].clone()
         other[0, 5] = (other[0, 5] + 1) % TINY_VOCAB
         a, b = (grown.hidden(f[:, :-1], ids[:, 1:], pos, cur_ids=c)[0] for c in (ids[:, :-1], other))
@@ -290,10 +290,10 @@ def test_a_current_token_cascade_grows_from_a_plain_one_and_reads_each_rows_toke
     loss, _ = grown.loss(f, ids, torch.ones(1, 14), torch.randint(4, TINY_VOCAB, (1, 14, 2)),
                          torch.tensor([0.75, 0.25]).expand(1, 14, 2).clone())
     loss.backward()
-    assert grown.fc.weight.grad[:, -grown.cfg.target_hidden:].abs().sum() > 0
+    assert grown.cur_fc.weight.grad.abs().sum() > 0
     grown.eval().save(tmp_path / "grown")
     back = load_drafter(tmp_path / "grown", tiny.model)
-    assert back.cfg.current_token and torch.allclose(back.fc.weight, grown.fc.weight, atol=1e-2)
+    assert back.cfg.current_token and torch.allclose(back.cur_fc.weight, grown.cur_fc.weight, atol=1e-2)
     with pytest.raises(FastEagleError, match="our engine only"):
         export_cascade(back, tmp_path / "vllm")
 
@@ -302,7 +302,7 @@ def test_a_current_token_cascade_extends_as_its_full_forward_and_is_lossless(tin
     """Fed in chunks through its caches it gives the full forward's last outputs (each chunk's rows read
     their own tokens), and greedy decoding with it is vanilla's, token for token."""
     d = make(tiny, current_token=True)
-    torch.nn.init.normal_(d.fc.weight, 0, 0.1)
+    torch.nn.init.normal_(d.cur_fc.weight, 0, 0.1)
     ids = torch.randint(4, TINY_VOCAB, (20,))
     f = features(tiny, ids[None], d.cfg.feature_layers)[0]
     with torch.no_grad():

@@ -55,6 +55,8 @@ class TrainConfig:
     token_source: str = "draft"  # that token in training: "draft" (its own top-1) or "true" (the sequence's)
     current_token: bool = False  # fasteagle: each row also reads its own token (`DrafterConfig.current_token`);
     # with init_from, a drafter without it grows it, its function unchanged at the start
+    current_token_lr: float = 1.0  # its map `cur_fc` learns at lr times this: grown from zero beside trained
+    # weights, at their learning rate it barely moves in a short run
     topk: int = 16
     draft_vocab: int = 0  # >0: the drafter drafts only this many most frequent reply tokens; with init_from,
     # a number above its draft vocab grows it (the vocabulary size or more: all of it)

@@ -73,7 +73,7 @@ def train(cfg: TrainConfig, target=None, command: str | None = None) -> Path:
     batches = Batches(run, train_data, shards, replies.rows_per_shard)
     per_process = math.ceil(len(batches) / run.accel.num_processes)  # each process trains on its share
     total_steps = cfg.max_steps or max(1, int(cfg.epochs * per_process))
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(param_groups(drafter, cfg), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     drafter, opt = run.accel.prepare(drafter, opt)
     raw = run.accel.unwrap_model(drafter)
     progress = resume(run)
@@ -307,6 +307,14 @@ def reply_stats(run: Run, train_data: dict | None, shards_by_dir: dict[Path, lis
     return stats
 
 
+def param_groups(drafter, cfg: TrainConfig) -> list[dict]:
+    """The optimizer's groups: every parameter at the schedule's lr, a current_token cascade's `cur_fc` at
+    `current_token_lr` times it (`lr_scale`, which the loop multiplies in)."""
+    cur = list(drafter.cur_fc.parameters()) if getattr(drafter, "cur_fc", None) is not None else []
+    rest = [p for p in drafter.parameters() if all(p is not c for c in cur)]
+    return [{"params": rest, "lr_scale": 1.0}] + ([{"params": cur, "lr_scale": cfg.current_token_lr}] if cur else [])
+
+
 def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]:
     """The drafter to train, attached to the target: --init-from's, grown to the asked MLP width and
     draft vocab, or a new one started from the target's top layers with the most frequent reply
@@ -326,7 +334,7 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
             accel.print("moving it to EAGLE-3's layout (layer 0 reads [embed; hidden]; training goes on from there)")
             drafter = drafter.to_eagle3_layout()
         if cfg.current_token and drafter.cfg.kind == "fasteagle" and not drafter.cfg.current_token:
-            accel.print("its rows now read their own token too (fc grows by zero columns: same function to start)")
+            accel.print("its rows now read their own token too (cur_fc starts at zero: same function to start)")
             drafter.add_current_token()
         if cfg.intermediate > drafter.cfg.intermediate:  # more capacity, same function to start from
             accel.print(f"widening its MLP from {drafter.cfg.intermediate} to {cfg.intermediate} channels")
@@ -470,7 +478,7 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
             accel.backward(loss)
             accel.clip_grad_norm_(drafter.parameters(), cfg.clip)
             for group in opt.param_groups:
-                group["lr"] = lr_at(cfg, progress.step, total_steps, time.monotonic() - t_train)
+                group["lr"] = lr_at(cfg, progress.step, total_steps, time.monotonic() - t_train) * group["lr_scale"]
             opt.step()
             opt.zero_grad(set_to_none=True)
             progress.step += 1

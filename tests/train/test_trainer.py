@@ -295,7 +295,8 @@ def test_continuing_with_a_larger_intermediate_widens_the_drafter(tiny, tmp_path
 
 def test_continuing_with_current_token_grows_the_cascade_and_trains_its_new_columns(tiny, tmp_path):
     """`--init-from` a plain cascade with `current_token`: at lr 0 its function is unchanged (the holdout
-    metrics before and after match); trained, the new fc columns move and the saved drafter reads them."""
+    metrics before and after match); trained, its `cur_fc` moves, at `current_token_lr` times the others'
+    learning rate, and the saved drafter reads it."""
     data = self_written(tiny, 6, seed=7, new=20)
     save_token_dataset(data, tmp_path / "d.pt")
     kw = dict(data=str(tmp_path / "d.pt"), holdout_data=str(tmp_path / "d.pt"), topk=4, batch_tokens=200, warmup=2,
@@ -306,10 +307,12 @@ def test_continuing_with_current_token_grows_the_cascade_and_trains_its_new_colu
     ev = json.loads((out / "eval.json").read_text())
     assert ev["holdout"]["depth_top1_given_spine"] == ev["holdout_initial"]["depth_top1_given_spine"]
     out = train(TrainConfig(out=str(tmp_path / "c"), init_from=str(tmp_path / "a"), current_token=True, max_steps=3,
-                            **kw), target=tiny)
+                            current_token_lr=10.0, **kw), target=tiny)
     grown = CascadedDrafter.load(out, tiny.model)
-    width = grown.cfg.target_hidden
-    assert grown.cfg.current_token and grown.fc.weight[:, -width:].abs().sum() > 0
+    assert grown.cfg.current_token and grown.cur_fc.weight.abs().sum() > 0
+    groups = trainer_mod.param_groups(grown, TrainConfig(out=str(tmp_path), current_token_lr=10.0))
+    assert [g["lr_scale"] for g in groups] == [1.0, 10.0] and groups[1]["params"] == [grown.cur_fc.weight]
+    assert sum(p.numel() for g in groups for p in g["params"]) == sum(p.numel() for p in grown.parameters())
 
 def test_continuing_with_a_larger_draft_vocab_grows_it(tiny, tmp_path):
     """`--init-from` with `--draft-vocab` above the drafter's adds the most frequent other reply tokens
