@@ -311,7 +311,8 @@ def param_groups(drafter, cfg: TrainConfig) -> list[dict]:
     """The optimizer's groups: every parameter at the schedule's lr, a current_token cascade's `cur_fc` at
     `current_token_lr` times it (`lr_scale`, which the loop multiplies in)."""
     cur = list(drafter.cur_fc.parameters()) if getattr(drafter, "cur_fc", None) is not None else []
-    rest = [p for p in drafter.parameters() if all(p is not c for c in cur)]
+    grown = {id(p) for p in cur}
+    rest = [p for p in drafter.parameters() if id(p) not in grown]
     return [{"params": rest, "lr_scale": 1.0}] + ([{"params": cur, "lr_scale": cfg.current_token_lr}] if cur else [])
 
 
@@ -477,8 +478,10 @@ def optimise(run: Run, drafter, opt, batches: Batches, progress: Progress, total
                                       batch.teacher_probs)
             accel.backward(loss)
             accel.clip_grad_norm_(drafter.parameters(), cfg.clip)
+            lr = lr_at(cfg, progress.step, total_steps, time.monotonic() - t_train)
             for group in opt.param_groups:
-                group["lr"] = lr_at(cfg, progress.step, total_steps, time.monotonic() - t_train) * group["lr_scale"]
+                # a checkpoint from before groups were scaled restores its one group without lr_scale: 1
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             progress.step += 1
