@@ -34,6 +34,11 @@ GPU_BUDGETS = {"fasteagle": 128, "fasteagle+lookup": 128}
 PAPER_BUDGET = 60  # the paper's tree size: a GPU's default for the others, and what `bench` verifies unless told
 MAX_BUDGET = 192  # the largest tree `bench --tree auto` tries on a GPU
 
+# The cascade's own prefill reads only a prompt's last this many tokens, at their true positions, so a long
+# document costs it no more than this (`CascadedDrafter.prefill_tail`). Replayed on the held-out kinds it
+# costs no acceptance (docs/results.md, "Prompts nobody tuned for"); `fasteagle-whole` reads everything.
+DEFAULT_PREFILL_TAIL = 256
+
 STEP_MODES = ("dynamic", "static", "graph")  # `drafter.CascadeState.step_mode`
 
 
@@ -50,7 +55,7 @@ class Settings:
     step_mode: str | None = None  # fasteagle's decode step, one of STEP_MODES (None: "graph" on a GPU, else "dynamic")
     tree_on_device: bool | None = None  # fasteagle's fixed step builds its own tree (None: in a CUDA graph)
     all_layers: bool = False  # fasteagle runs every cascade layer, even those the tree is too small to use
-    prefill_tail: int = 0  # fasteagle reads only a prompt's last this many tokens (0: all; `CascadedDrafter`)
+    prefill_tail: int = DEFAULT_PREFILL_TAIL  # fasteagle reads only a prompt's last this many tokens (0: all)
     drafter: Path | None = None  # the FastEagle drafter folder (None: DEFAULT_DRAFTER)
     eagle3_drafter: Path | None = None  # the EAGLE-3-style drafter folder (None: DEFAULT_EAGLE3)
     named: tuple[tuple[str, Path], ...] = ()  # more methods, each a label for a drafter folder (`--drafters`)
@@ -199,7 +204,7 @@ ALIASES = {  # fasteagle with one setting changed, to time the two side by side 
     "fasteagle-eager": ("fasteagle", {"step_mode": "dynamic"}),  # op by op where fasteagle replays a CUDA graph
     "fasteagle-host-tree": ("fasteagle", {"tree_on_device": False}),  # the graph's tree built on the host
     "fasteagle-all-layers": ("fasteagle", {"all_layers": True}),  # no layer skipped at small trees
-    "fasteagle-tail": ("fasteagle", {"prefill_tail": 256}),  # its own prefill over a prompt's last 256 tokens only
+    "fasteagle-whole": ("fasteagle", {"prefill_tail": 0}),  # its own prefill over the whole prompt, not its tail
 }
 PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3": "eagle3_drafter",
                 "eagle3+lookup": "eagle3_drafter"}  # the Settings field naming the folder a method loads
