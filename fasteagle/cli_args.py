@@ -26,7 +26,7 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None,
                    help=f"a trained drafter: a folder or a Hugging Face id (default: assets/drafters/"
                         f"{DEFAULT_DRAFTER.name}); an EAGLE-3 drafter (ours, or a checkpoint of the EAGLE, SpecForge "
-                        "or vLLM format) is what --method eagle3 decodes with")
+                        "or vLLM format) is what --method eagle3 decodes with, a DFlash one what --method dflash does")
     p.add_argument("--eagle3-drafter", dest="eagle3_drafter", default=None,
                    help=f"the EAGLE-3 drafter, when --drafter names the FastEagle one (default: assets/drafters/"
                         f"{DEFAULT_EAGLE3.name})")
@@ -75,7 +75,7 @@ def make_drafter(method: str, target, args):
 def method_settings(args) -> Settings:
     """The drafter settings the flags of `_add_method_args` give; a flag the command lacks is left to the default."""
     k = getattr(args, "tree_k", None)
-    drafter, eagle3 = getattr(args, "drafter", None), getattr(args, "eagle3_drafter", None)
+    drafter, eagle3, dflash = getattr(args, "drafter", None), getattr(args, "eagle3_drafter", None), None
     if drafter or eagle3:
         from fasteagle.eagle3_format import resolve
         from fasteagle.methods import drafter_kind
@@ -83,13 +83,16 @@ def method_settings(args) -> Settings:
         drafter, eagle3 = drafter and resolve(drafter), eagle3 and resolve(eagle3)
         if drafter and not eagle3 and drafter_kind(drafter) == "eagle3":  # --drafter names an EAGLE-3 drafter
             drafter, eagle3 = None, drafter
+        elif drafter and drafter_kind(drafter) == "dflash":  # a DFlash drafter: what --method dflash loads
+            drafter, dflash = None, drafter
     return Settings(named=named_drafters(getattr(args, "drafters", None)),
                     tree_budget=getattr(args, "tree_budget", None),
                     tree_k=tuple(parse_tree_k(k)) if k is not None else None,
                     tree_shape=getattr(args, "tree_shape", None), full_vocab=getattr(args, "full_vocab", None),
                     draft_int8=getattr(args, "draft_int8", None), step_mode=getattr(args, "step_mode", None),
                     tree_on_device=getattr(args, "tree_on_device", None),
-                    drafter=Path(drafter) if drafter else None, eagle3_drafter=Path(eagle3) if eagle3 else None)
+                    drafter=Path(drafter) if drafter else None, eagle3_drafter=Path(eagle3) if eagle3 else None,
+                    dflash_drafter=Path(dflash) if dflash else None)
 
 
 def parse_tree_k(text) -> list[int]:

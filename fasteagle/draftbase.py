@@ -62,6 +62,7 @@ class DrafterBase(nn.Module):
     and the drafter protocol of `fasteagle.generate` (reset, extend, draft, rewind)."""
 
     KIND = ""  # config.json's "kind" this class loads
+    BLOCKS = False  # whether `depth_outputs` takes `wanted`: positions to compute, the rest left zero (DFlash)
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -385,8 +386,12 @@ class DrafterBase(nn.Module):
         token-conditioned cascade's layers read the sequence's own tokens where they would read their drafts.
         """
         L = input_ids.shape[1]
+        extra = {}
+        if self.BLOCKS:  # only where some depth's token counts: position t's depth i predicts t+1+i
+            counted, n = F.pad(loss_mask[:, 2:].bool(), (0, self.num_depths)), L - 2
+            extra["wanted"] = F.pad(torch.stack([counted[:, i:i + n] for i in range(self.num_depths)]).any(0), (0, 1))
         outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], self.cfg.token_source == "true",
-                                  cur_ids=input_ids[:, :-1])
+                                  cur_ids=input_ids[:, :-1], **extra)
         rows, to_row = self._loss_rows(teacher_ids)
         total, stats = 0.0, {}
         for i, h in enumerate(outs, start=1):
@@ -455,8 +460,8 @@ class DrafterBase(nn.Module):
         from safetensors.torch import save_file
 
         out = Path(out)
-        state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-                 for k, v in self.state_dict().items()}
+        state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous().clone()
+                 for k, v in self.state_dict().items()}  # clones: a tensor two modules share is written twice
         if self.compact_vocab is not None:
             state[COMPACT_VOCAB_KEY] = self.compact_vocab.detach().to("cpu").contiguous()
         shards, cur, size = [], {}, 0

@@ -47,7 +47,7 @@ def is_checkpoint(path: str | Path) -> bool:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if not isinstance(raw, dict) or "kind" in raw:  # ours say their kind
+    if not isinstance(raw, dict) or "kind" in raw or "dflash_config" in raw:  # ours say their kind; DFlash's own
         return False
     return bool(set(raw.get("architectures") or []) & set(ARCHITECTURES)) or "draft_vocab_size" in raw
 
@@ -219,10 +219,13 @@ def _theirs(name: str, num_layers: int) -> str:
 def export(drafter, out: str | Path, target_name: str | None = None) -> Path:
     """Write an attached EAGLE-3-style drafter of layout "eagle3" as an EAGLE-3 checkpoint: config.json
     and model.safetensors (fp32), the LM head's draft-vocab rows and d2t/t2d included, so that vLLM,
-    SGLang or `load` reads it without this package's help. A cascade goes to `export_cascade`."""
+    SGLang or `load` reads it without this package's help. A cascade goes to `export_cascade`, a DFlash
+    drafter to `export_dflash` (vLLM's own DFlash format)."""
     cfg = drafter.cfg
     if cfg.kind == "fasteagle":
         return export_cascade(drafter, out, target_name)
+    if cfg.kind == "dflash":
+        return export_dflash(drafter, out, target_name)
     if cfg.layout != "eagle3":
         raise FastEagleError("this EAGLE-3-style drafter was trained in the 'proj' layout, which the EAGLE-3 "
                              "format cannot express (docs/design.md, \"EAGLE-3 checkpoints\"); train it with "
@@ -269,6 +272,44 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     config = _config(cfg, ARCHITECTURE, drafter.vocab_ids.numel(), target_name) | {
         "mask_token_id": 0,  # any id: a mask row is also known by its zero hidden state (vllm_cascade)
         "fasteagle_kind": "fasteagle"} | ({"token_conditioned": True} if cfg.token_conditioned else {})
+    write_text(out / "config.json", json.dumps(config, indent=2))
+    return out
+
+
+def export_dflash(drafter, out: str | Path, target_name: str | None = None) -> Path:
+    """Write an attached DFlash drafter as vLLM 0.32 serves it (`method: "dflash"`): config.json
+    (`DFlashDraftModel`, `dflash_config` with `mask_token_id` and `target_layer_ids`), model.safetensors under
+    vLLM's names with the head's draft-vocab rows and d2t (the embedding stays the target's, shared), and
+    `mask_embedding.pt`, the trained mask row.
+
+    vLLM's `target_layer_ids` count layer outputs from 0; our feature layers index the hidden states, where
+    0 is the embeddings: layer j's output is hidden state j+1."""
+    from fasteagle.dflash import ARCHITECTURE, DFlashDrafter
+
+    cfg = drafter.cfg
+    layers = list(cfg.feature_layers)
+    if min(layers) < 1 or layers != sorted(set(layers)):
+        raise FastEagleError(f"vLLM's DFlash reads target layer outputs once each, in ascending order; this drafter "
+                             f"reads hidden states {layers} (0 is the embeddings), which it cannot be served with")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {key.replace("norms.0.", "norm."): value.clone() for key, value in drafter.state_dict().items()
+             if key not in ("vocab_ids", "mask_embedding")}  # (clones: the shared k-norm is written per layer)
+    _write_weights(drafter, out, state)
+    with atomic_path(out / "mask_embedding.pt") as tmp:
+        torch.save({"embedding": drafter.mask_embedding.detach().to("cpu", torch.float32).clone(),
+                    "mask_token_id": cfg.mask_token_id}, tmp)
+    qc = DFlashDrafter.qwen3_config(cfg).to_dict()
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "num_hidden_layers", "rms_norm_eps", "max_position_embeddings", "vocab_size", "rope_parameters",
+            "attention_bias", "layer_types", "hidden_act")
+    config = {"architectures": [ARCHITECTURE], "model_type": "qwen3", **{k: qc[k] for k in keep},
+              "rope_theta": cfg.rope_theta, "tie_word_embeddings": False, "target_hidden_size": cfg.target_hidden,
+              "draft_vocab_size": drafter.vocab_ids.numel(), "torch_dtype": "float32",
+              "dflash_config": {"mask_token_id": cfg.mask_token_id,
+                                "target_layer_ids": [j - 1 for j in cfg.feature_layers]},
+              "fasteagle_target": target_name or cfg.target, "fasteagle_fingerprint": list(cfg.fingerprint),
+              "fasteagle_depth": cfg.depth, "fasteagle_kind": DFlashDrafter.KIND}
     write_text(out / "config.json", json.dumps(config, indent=2))
     return out
 

@@ -22,6 +22,8 @@ DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
 # The cascade trained by the same recipe, on the same tokens, as DEFAULT_EAGLE3 (docs/training.md, "Recipe"):
 # the shipped pair that compares the two architectures at equal training.
 EQUAL_DRAFTER = DEFAULT_DRAFTER.with_name("smollm2-135m-fasteagle-equal")
+# A DFlash drafter (block diffusion, `fasteagle.dflash`) trained beside that pair, on the same data and steps.
+DEFAULT_DFLASH = DEFAULT_DRAFTER.with_name("smollm2-135m-dflash")
 
 # Node budgets `python -m fasteagle bench --tree auto` picked for the shipped drafters on a 2-core CPU, where
 # a big tree's verify costs several decode steps, so small trees win (docs/design.md, "Small trees on a CPU,
@@ -58,6 +60,7 @@ class Settings:
     prefill_tail: int = DEFAULT_PREFILL_TAIL  # fasteagle reads only a prompt's last this many tokens (0: all)
     drafter: Path | None = None  # the FastEagle drafter folder (None: DEFAULT_DRAFTER)
     eagle3_drafter: Path | None = None  # the EAGLE-3-style drafter folder (None: DEFAULT_EAGLE3)
+    dflash_drafter: Path | None = None  # the DFlash drafter folder (None: DEFAULT_DFLASH)
     named: tuple[tuple[str, Path], ...] = ()  # more methods, each a label for a drafter folder (`--drafters`)
 
     def __post_init__(self):
@@ -163,6 +166,18 @@ def _fasteagle(target, s: Settings):
     return d
 
 
+def _dflash(target, s: Settings):
+    d = load_drafter(s.drafter_dir("dflash"), target.model, s.draft_int8, kind="dflash")
+    if s.wants_full_vocab(target.device):
+        d.grow_vocab(d.cfg.vocab_size)
+    elif d.compact_vocab is not None:
+        d.shrink_vocab()
+    _set_tree(d, "dflash", target, s, per_depth=True)  # the cascade's product tree over the block's depths
+    if s.tree_shape:
+        d.tree_shape = s.tree_shape
+    return d
+
+
 def _eagle3(target, s: Settings):
     d = load_drafter(s.drafter_dir("eagle3"), target.model, s.draft_int8, kind="eagle3")
     _set_tree(d, "eagle3", target, s, per_depth=False)  # its dynamic tree takes one k
@@ -194,6 +209,7 @@ REGISTRY = {
     "lookup": _lookup,
     "fasteagle": _fasteagle,
     "eagle3": _eagle3,
+    "dflash": _dflash,  # block diffusion: one forward drafts a block (`fasteagle.dflash`)
     "fasteagle+lookup": _with_lookup("fasteagle"),  # the trained drafter's tree joined with lookup's
     "eagle3+lookup": _with_lookup("eagle3"),
 }
@@ -206,13 +222,14 @@ ALIASES = {  # fasteagle with one setting changed, to time the two side by side 
     "fasteagle-all-layers": ("fasteagle", {"all_layers": True}),  # no layer skipped at small trees
     "fasteagle-whole": ("fasteagle", {"prefill_tail": 0}),  # its own prefill over the whole prompt, not its tail
 }
+# the Settings field naming the folder a method loads, and the folder where that field is None
 PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3": "eagle3_drafter",
-                "eagle3+lookup": "eagle3_drafter"}  # the Settings field naming the folder a method loads
-DEFAULT_FOLDERS = {"drafter": DEFAULT_DRAFTER, "eagle3_drafter": DEFAULT_EAGLE3}  # where that field is None
+                "eagle3+lookup": "eagle3_drafter", "dflash": "dflash_drafter"}
+DEFAULT_FOLDERS = {"drafter": DEFAULT_DRAFTER, "eagle3_drafter": DEFAULT_EAGLE3, "dflash_drafter": DEFAULT_DFLASH}
 
 
 def drafter_kind(path: str | Path) -> str:
-    """"fasteagle" or "eagle3": the kind of drafter a folder holds (ours by config.json's "kind", an
+    """"fasteagle", "eagle3" or "dflash": the kind of drafter a folder holds (ours by config.json's "kind", an
     EAGLE-3 checkpoint of the EAGLE / SpecForge / vLLM format by its architectures)."""
     from fasteagle import eagle3_format
     from fasteagle.draftconfig import read_config
@@ -226,6 +243,7 @@ def load_drafter(path: str | Path, target_model=None, int8: bool | None = None, 
     """Load whichever kind of drafter `path` holds (FastEagle cascade, our EAGLE-3 style, or an EAGLE-3
     checkpoint); with `target_model`, attached to it (`DrafterBase.load`). With `kind`, refuse any other."""
     from fasteagle import eagle3_format
+    from fasteagle.dflash import DFlashDrafter
     from fasteagle.drafter import CascadedDrafter
     from fasteagle.eagle3 import AutoregressiveDrafter
 
@@ -234,7 +252,7 @@ def load_drafter(path: str | Path, target_model=None, int8: bool | None = None, 
             raise FastEagleError(f"{path} is an EAGLE-3 checkpoint: decode with it as --method eagle3")
         return eagle3_format.load(path, target_model, int8)
     found = drafter_kind(path)
-    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter)}.get(kind or found)
+    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter, DFlashDrafter)}.get(kind or found)
     if cls is None:
         raise FastEagleError(f"{path} holds an unknown drafter kind {found!r}")
     return cls.load(path, target_model, int8)

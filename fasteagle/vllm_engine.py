@@ -20,7 +20,7 @@ from fasteagle.errors import FastEagleError
 SUPPORTED = ("0.32.",)  # the vLLM releases this code was written against (its EAGLE-3 path and metrics)
 # our methods vLLM runs (bench --engine vllm, serve); the cascades run through our plugin (fasteagle.vllm_plugin),
 # each with its own drafter
-METHODS = ("vanilla", "eagle3", "fasteagle", "fasteagle-equal", "ngram")
+METHODS = ("vanilla", "eagle3", "fasteagle", "fasteagle-equal", "dflash", "ngram")
 CASCADES = ("fasteagle", "fasteagle-equal")
 
 
@@ -89,7 +89,7 @@ def check_drafted_family(target, methods: list[str]) -> None:
 
 def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict | None:
     """vLLM's `speculative_config` for one of METHODS drafting a chain of k tokens (`drafter`: an exported
-    folder for eagle3 and the cascades)."""
+    folder for eagle3, the cascades and dflash)."""
     if method == "vanilla":
         return None
     if method in ("eagle3", *CASCADES):
@@ -103,6 +103,13 @@ def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict 
             raise FastEagleError(f"this cascade drafts {depth} tokens per forward (its layers); k={k} is more")
         # the cascade runs in EAGLE-3's path, all k depths in one forward (fasteagle.vllm_cascade)
         return spec | {"parallel_drafting": True}
+    if method == "dflash":  # stock vLLM's block diffusion drafter: [bonus, mask x k] in one forward
+        if drafter is None:
+            raise FastEagleError("vLLM's dflash needs an exported drafter (python -m fasteagle export)")
+        depth = _drafter_depth(drafter)
+        if depth and k > depth:
+            raise FastEagleError(f"this DFlash drafter was trained on blocks of {depth} masks; k={k} is more")
+        return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     raise FastEagleError(f"vLLM runs {', '.join(METHODS)} here, not {method!r}")

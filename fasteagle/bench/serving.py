@@ -34,7 +34,7 @@ def vllm_drafter(path: Path, target, out: Path, kind: str = "eagle3", full_vocab
     if eagle3_format.is_checkpoint(path):
         return path
     drafter = load_drafter(path, target.model, int8=False, kind=kind)
-    if kind == "fasteagle" and not full_vocab and drafter.compact_vocab is not None:
+    if kind in ("fasteagle", "dflash") and not full_vocab and drafter.compact_vocab is not None:
         drafter.shrink_vocab()
     return eagle3_format.export(drafter, out, target.name)
 
@@ -45,7 +45,7 @@ def vllm_drafters(target, settings, methods: list[str], folder: Path) -> dict[st
 
     full = settings.wants_full_vocab(torch.device("cpu"))
     return {m: vllm_drafter(settings.drafter_dir(m), target, folder / m, canonical(m), full)
-            for m in methods if m in ("eagle3", *CASCADES)}
+            for m in methods if m in ("eagle3", "dflash", *CASCADES)}
 
 
 def cycled(prompts: list, b: int) -> list:

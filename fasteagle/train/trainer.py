@@ -154,8 +154,12 @@ def start(cfg: TrainConfig, target=None) -> Run:
 
         drafter_cls, dcfg = AutoregressiveDrafter, AutoregressiveDrafter.config_for(dcfg, cfg.depth)
         dcfg.layout = cfg.layout
+    elif cfg.drafter == "dflash":
+        from fasteagle.dflash import DFlashDrafter
+
+        drafter_cls, dcfg = DFlashDrafter, DFlashDrafter.config_for(dcfg, cfg.depth)
     elif cfg.drafter != "fasteagle":
-        raise FastEagleError(f"unknown drafter {cfg.drafter!r}; use fasteagle or eagle3")
+        raise FastEagleError(f"unknown drafter {cfg.drafter!r}; use fasteagle, eagle3 or dflash")
     return Run(cfg, accel, target, dcfg, drafter_cls, out, Path(cfg.feature_dir or out / "features"), t_start)
 
 
@@ -345,6 +349,9 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
                         f"{min(cfg.draft_vocab, dcfg.vocab_size)} tokens")
             drafter.grow_vocab(cfg.draft_vocab, counts)
     else:
+        if dcfg.kind == "dflash":  # vLLM knows a mask row by this id, so a bonus token must never be it
+            unseen = (counts == 0).nonzero()[:, 0]
+            dcfg.mask_token_id = int(unseen[0]) if unseen.numel() else dcfg.vocab_size - 1
         drafter = run.drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:
             drafter.init_from_target(model)
