@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from fasteagle.errors import FastEagleError
-from fasteagle.methods import DEFAULT_DRAFTER, DEFAULT_EAGLE3, STEP_MODES, Settings
+from fasteagle.methods import DEFAULT_DFLASH, DEFAULT_DRAFTER, DEFAULT_EAGLE3, STEP_MODES, Settings
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -30,6 +30,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle3-drafter", dest="eagle3_drafter", default=None,
                    help=f"the EAGLE-3 drafter, when --drafter names the FastEagle one (default: assets/drafters/"
                         f"{DEFAULT_EAGLE3.name})")
+    p.add_argument("--dflash-drafter", dest="dflash_drafter", default=None,
+                   help=f"the DFlash drafter, when --drafter names another (default: assets/drafters/"
+                        f"{DEFAULT_DFLASH.name})")
     p.add_argument("--no-draft-int8", dest="draft_int8", action="store_const", const=False, default=None,
                    help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
                         "same either way, only the draft's speed and acceptance move)")
@@ -75,7 +78,8 @@ def make_drafter(method: str, target, args):
 def method_settings(args) -> Settings:
     """The drafter settings the flags of `_add_method_args` give; a flag the command lacks is left to the default."""
     k = getattr(args, "tree_k", None)
-    drafter, eagle3, dflash = getattr(args, "drafter", None), getattr(args, "eagle3_drafter", None), None
+    drafter, eagle3 = getattr(args, "drafter", None), getattr(args, "eagle3_drafter", None)
+    dflash = getattr(args, "dflash_drafter", None)
     if drafter or eagle3:
         from fasteagle.eagle3_format import resolve
         from fasteagle.methods import drafter_kind
@@ -83,7 +87,7 @@ def method_settings(args) -> Settings:
         drafter, eagle3 = drafter and resolve(drafter), eagle3 and resolve(eagle3)
         if drafter and not eagle3 and drafter_kind(drafter) == "eagle3":  # --drafter names an EAGLE-3 drafter
             drafter, eagle3 = None, drafter
-        elif drafter and drafter_kind(drafter) == "dflash":  # a DFlash drafter: what --method dflash loads
+        elif drafter and not dflash and drafter_kind(drafter) == "dflash":  # what --method dflash loads
             drafter, dflash = None, drafter
     return Settings(named=named_drafters(getattr(args, "drafters", None)),
                     tree_budget=getattr(args, "tree_budget", None),

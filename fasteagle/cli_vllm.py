@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fasteagle.errors import FastEagleError
 from fasteagle.methods import DEFAULT_EAGLE3, Settings
-from fasteagle.vllm_engine import CASCADES
+from fasteagle.vllm_engine import DRAFTED
 from fasteagle.vllm_engine import METHODS as SERVE_METHODS
 
 
@@ -111,7 +111,7 @@ def cmd_serve(args) -> int:
     require_vllm()
     check_drafted_family(args.target, [args.method])
     drafter = None
-    if args.method in ("eagle3", *CASCADES):
+    if args.method in DRAFTED:
         from fasteagle.bench.serving import vllm_drafter
         from fasteagle.methods import canonical
 

@@ -186,9 +186,11 @@ class DFlashDrafter(DrafterBase):
             self.cache.update(k, v, i)
 
     @torch.no_grad()
-    def depth_probs(self, root: int) -> torch.Tensor:
-        """(K, V_draft): each mask row's distribution after `root`, at the positions after the cache's."""
-        p, K = self.cache.length, self.cfg.depth
+    def depth_probs(self, root: int, masks: int | None = None) -> torch.Tensor:
+        """(masks, V_draft): each mask row's distribution in the block [root, mask x masks] (default: the
+        block trained on) at the positions after the cache's. vLLM runs num_speculative_tokens masks; rows
+        attend both ways, so a shorter block than trained on changes every row a little, in both engines."""
+        p, K = self.cache.length, masks or self.cfg.depth
         x = self.block_inputs(torch.tensor([root], device=self.device), K)
         ctx = [(layer.keys[:, :, :p], layer.values[:, :, :p]) for layer in self.cache.layers]
         h = self.block(x, torch.arange(p, p + K + 1, device=self.device)[None], ctx, None)[0, 1:]
@@ -196,8 +198,9 @@ class DFlashDrafter(DrafterBase):
 
     @torch.no_grad()
     def draft(self, root: int) -> DraftTree:
-        """The product tree over the block's per-depth candidates (the cascade's builder)."""
-        probs = self.depth_probs(root)[: self.draft_depths]
+        """The product tree over the block's per-depth candidates (the cascade's builder), from a block of as
+        many masks as the tree can use (a chain of k: vLLM's k)."""
+        probs = self.depth_probs(root, self.draft_depths)
         ks = self.depth_ks(probs.shape[0])
         top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
         ids = self.vocab_ids[top_i]

@@ -279,8 +279,8 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
 def export_dflash(drafter, out: str | Path, target_name: str | None = None) -> Path:
     """Write an attached DFlash drafter as vLLM 0.32 serves it (`method: "dflash"`): config.json
     (`DFlashDraftModel`, `dflash_config` with `mask_token_id` and `target_layer_ids`), model.safetensors under
-    vLLM's names with the head's draft-vocab rows and d2t (the embedding stays the target's, shared), and
-    `mask_embedding.pt`, the trained mask row.
+    vLLM's names, with the head's rows and d2t where it drafts over part of the vocabulary (the embedding, and
+    else the head, stay the target's, shared), and `mask_embedding.pt`, the trained mask row.
 
     vLLM's `target_layer_ids` count layer outputs from 0; our feature layers index the hidden states, where
     0 is the embeddings: layer j's output is hidden state j+1."""
@@ -295,7 +295,8 @@ def export_dflash(drafter, out: str | Path, target_name: str | None = None) -> P
     out.mkdir(parents=True, exist_ok=True)
     state = {key.replace("norms.0.", "norm."): value.clone() for key, value in drafter.state_dict().items()
              if key not in ("vocab_ids", "mask_embedding")}  # (clones: the shared k-norm is written per layer)
-    _write_weights(drafter, out, state)
+    # over the whole vocabulary vLLM shares the target's head (it has no d2t then); over a draft vocab, its rows
+    _write_weights(drafter, out, state, head=drafter.vocab_ids.numel() < cfg.vocab_size)
     with atomic_path(out / "mask_embedding.pt") as tmp:
         torch.save({"embedding": drafter.mask_embedding.detach().to("cpu", torch.float32).clone(),
                     "mask_token_id": cfg.mask_token_id}, tmp)
@@ -314,16 +315,17 @@ def export_dflash(drafter, out: str | Path, target_name: str | None = None) -> P
     return out
 
 
-def _write_weights(drafter, out: Path, state: dict[str, torch.Tensor]) -> None:
-    """model.safetensors (fp32): `state` plus the LM head's draft-vocab rows, d2t and t2d."""
+def _write_weights(drafter, out: Path, state: dict[str, torch.Tensor], head: bool = True) -> None:
+    """model.safetensors (fp32): `state` plus, with `head`, the LM head's draft-vocab rows, d2t and t2d."""
     from safetensors.torch import save_file
 
-    ids = drafter.vocab_ids.detach().cpu().long()
-    state["lm_head.weight"] = drafter.head_weight()
-    state["d2t"] = ids - torch.arange(ids.numel())
-    t2d = torch.zeros(drafter.cfg.vocab_size, dtype=torch.bool)
-    t2d[ids] = True
-    state["t2d"] = t2d
+    if head:
+        ids = drafter.vocab_ids.detach().cpu().long()
+        state["lm_head.weight"] = drafter.head_weight()
+        state["d2t"] = ids - torch.arange(ids.numel())
+        t2d = torch.zeros(drafter.cfg.vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        state["t2d"] = t2d
     state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
              for k, v in state.items()}
     with atomic_path(out / "model.safetensors") as tmp:

@@ -22,6 +22,7 @@ SUPPORTED = ("0.32.",)  # the vLLM releases this code was written against (its E
 # each with its own drafter
 METHODS = ("vanilla", "eagle3", "fasteagle", "fasteagle-equal", "dflash", "ngram")
 CASCADES = ("fasteagle", "fasteagle-equal")
+DRAFTED = ("eagle3", "dflash", *CASCADES)  # the methods whose drafter (ours, exported) vLLM loads
 
 
 def require_vllm():
@@ -73,7 +74,7 @@ def check_drafted_family(target, methods: list[str]) -> None:
     the cascade's) needs the auxiliary hidden states, which vLLM 0.32's models of these families do not
     expose. Our engine drafts for them (python -m fasteagle generate / bench). `target`: a loaded target's
     model config, or the target's name (its config.json is read only if a method drafts)."""
-    drafted = [m for m in methods if m in ("eagle3", *CASCADES)]
+    drafted = [m for m in methods if m in DRAFTED]
     if not drafted:
         return
     if isinstance(target, str) or target is None:

@@ -231,8 +231,8 @@ def steer(drafter, reference: list[int], corrupt: float = 0.25, seed: int = 0):
     else:  # the cascade: every depth's distribution in one call (dynamic and fixed steps alike)
         orig_probs = drafter.depth_probs
 
-        def depth_probs(last=None):
-            p = orig_probs(last).clone()
+        def depth_probs(*args):  # the cascade's (last=None), DFlash's (root, masks)
+            p = orig_probs(*args).clone()
             for a in range(1, p.shape[0] + 1):
                 row = truth(a)
                 if row is not None:

@@ -141,7 +141,13 @@ def test_export_writes_what_vllms_dflash_loader_reads(tiny, tmp_path):
     layer = {f"layers.{i}.{n}.weight" for i in range(2) for n in (
         "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
         "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
-    assert names == layer | {"fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"}
+    assert names == layer | {"fc.weight", "hidden_norm.weight", "norm.weight"}  # the target's head, shared
+    d.shrink_vocab(torch.arange(4, 100))  # over part of the vocabulary: its head rows and d2t, as vLLM reads them
+    part = eagle3_format.export(d, tmp_path / "part")
+    state = load_file(part / "model.safetensors")
+    assert set(state) == names | {"lm_head.weight", "d2t", "t2d"}
+    assert json.loads((part / "config.json").read_text())["draft_vocab_size"] == 96
+    assert torch.equal(state["d2t"] + torch.arange(96), torch.arange(4, 100))
     mask = torch.load(out / "mask_embedding.pt", weights_only=True)
     assert mask["mask_token_id"] == 3 and torch.equal(mask["embedding"], d.mask_embedding.detach())
     d.cfg.feature_layers = [2, 1]  # vLLM would sort them and read the fc's columns in another order

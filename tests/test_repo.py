@@ -73,7 +73,8 @@ def test_space_sdk_version_matches_requirements():
     assert re.search(r"^torch==\d", reqs, re.M), "torch must be pinned (a range pulls a CUDA build)"
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-fasteagle", "smollm2-135m-eagle3", "smollm2-135m-fasteagle-equal"])
+@pytest.mark.parametrize("name", ["smollm2-135m-fasteagle", "smollm2-135m-eagle3", "smollm2-135m-fasteagle-equal",
+                                  "smollm2-135m-dflash"])
 def test_shipped_drafters_have_a_current_model_card(name):
     d = ROOT / "assets" / "drafters" / name
     assert (d / "config.json").exists() and (d / "model.safetensors").exists()

@@ -339,3 +339,36 @@ def test_the_cascade_runs_in_vllm_on_a_qwen3_moe_target(tmp_path):
     for engine in ("ours", "vllm"):
         assert got["fasteagle"][engine]["identical"] == len(texts), engine
         assert got["fasteagle"][engine]["drafts"] > 0, (engine, got["fasteagle"][engine])
+
+
+def test_vllms_cpu_grouped_rms_norm_reads_layer_0s_weight_only():
+    """Why a DFlash drafter's layers share one k-norm (`fasteagle.dflash`): vLLM 0.32's DFlash normalizes every
+    layer's context keys in one `rms_norm` call with a (layers, head_dim) weight, and the CPU kernel applies row
+    0 to every layer. Should a vLLM release fix it, this fails, and the layers may have k-norms of their own."""
+    import torch
+    import vllm._custom_ops as ops
+
+    x, w = torch.randn(3, 4, 2, 64), torch.rand(3, 64) + 0.5
+    out = torch.empty_like(x)
+    ops.rms_norm(out, x, w, 1e-5)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    for layer in range(3):
+        torch.testing.assert_close(out[layer], normed[layer] * w[0], atol=1e-4, rtol=1e-4)
+
+
+def test_the_dflash_drafter_drafts_in_stock_vllm_what_it_drafts_in_ours(smollm):
+    """The shipped DFlash drafter, exported to vLLM's own format, runs in stock vLLM (`method: "dflash"`, blocks
+    of [bonus, mask x 3]) as in our engine: both write plain decoding, and accept the same share at each chain
+    position (the tolerance of the module docstring)."""
+    from fasteagle.methods import DEFAULT_DFLASH
+
+    texts = [p["text"] for p in load_prompts(ROOT / "assets" / "prompts" / "sharegpt_holdout.jsonl", PROMPTS)]
+    got = compare_engines(smollm, Settings(dflash_drafter=DEFAULT_DFLASH), ["vanilla", "dflash"], texts, K, TOKENS,
+                          [1], None, None)["methods"]["dflash"]
+    ours, theirs = got["ours"], got["vllm"]
+    assert ours["identical"] == theirs["identical"] == PROMPTS
+    assert theirs["tau"] == pytest.approx(ours["tau"], rel=0.03)
+    for i, (a, b) in enumerate(zip(ours["per_position"], theirs["per_position"]), start=1):
+        assert abs(a - b) <= 0.03, f"position {i}: ours {a:.3f}, vLLM {b:.3f}"
+    # it accepts about 0.11 at position 1 (its card): enough drafts accepted to tell two networks apart
+    assert ours["per_position"][0] > 0.05, "a trained drafter accepts; else the comparison says nothing"

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from fasteagle.errors import FastEagleError
 from fasteagle.generate import chat_prompt_ids, run
-from fasteagle.vllm_engine import CASCADES, METHODS
+from fasteagle.vllm_engine import DRAFTED, METHODS
 
 
 def vllm_drafter(path: Path, target, out: Path, kind: str = "eagle3", full_vocab: bool = False) -> Path:
@@ -45,7 +45,7 @@ def vllm_drafters(target, settings, methods: list[str], folder: Path) -> dict[st
 
     full = settings.wants_full_vocab(torch.device("cpu"))
     return {m: vllm_drafter(settings.drafter_dir(m), target, folder / m, canonical(m), full)
-            for m in methods if m in ("eagle3", "dflash", *CASCADES)}
+            for m in methods if m in DRAFTED}
 
 
 def cycled(prompts: list, b: int) -> list:
@@ -139,7 +139,7 @@ def compare_engines(target, settings, methods: list[str], texts: list[str], k: i
             r["identical"] = sum(a == b for a, b in zip(r.pop("replies"), reference))
             r.pop("requests", None)
     return {"k": k, "max_new_tokens": max_new, "prompts": len(texts), "batch_sizes": batch_sizes, "methods": rows,
-            "drafters": {m: _shown(settings.drafter_dir(m)) for m in methods if m in ("eagle3", *CASCADES)}}
+            "drafters": {m: _shown(settings.drafter_dir(m)) for m in methods if m in DRAFTED}}
 
 
 def write_traces(target, rows: dict, texts: list[str], k: int, max_new: int, folder: Path) -> None:

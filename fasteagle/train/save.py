@@ -27,8 +27,10 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
     """A short model card written next to the weights from what the run measured."""
     t, h, h0 = info["training"], info.get("holdout") or {}, info.get("holdout_initial") or {}
     c, per_dir = drafter.cfg, t.get("tokens_per_feature_dir") or {}
-    shape = (f"{c.num_layers} cascaded decoder layers" if c.kind == "fasteagle"
-             else f"1 decoder layer unrolled {c.depth} times (training-time test)")
+    shape = {"fasteagle": f"{c.num_layers} cascaded decoder layers",
+             "dflash": f"{c.num_layers} decoder layers over the target's features in their keys and values, "
+                       f"drafting a block of {c.depth} masks in one forward (DFlash)"}.get(
+        c.kind, f"1 decoder layer unrolled {c.depth} times (training-time test)")
     lines = [
         f"# {c.kind} drafter for {c.target}", "",
         f"- architecture: {shape}, width {c.width}, MLP {c.intermediate}, features from target layers "
