@@ -125,6 +125,13 @@ def _drafter_depth(drafter: str | Path) -> int | None:
     return raw.get("num_hidden_layers") if raw.get("fasteagle_kind") == "fasteagle" else None
 
 
+def context_for(prompts: list[list[int]], max_new: int, k: int) -> int:
+    """The max_model_len an engine needs for `prompts`: 2,048 unless the longest prompt, its reply and a draft
+    of k need more, then that rounded up to a multiple of 256 (held-out documents run to 2,083 tokens)."""
+    need = max(map(len, prompts), default=0) + max_new + k + 1
+    return max(2048, -(-need // 256) * 256)
+
+
 def engine(target: str | None, method: str = "vanilla", drafter: str | Path | None = None, k: int = 3,
            dtype: str = "float32", max_model_len: int = 2048, seed: int = 0, detailed: bool = False, **options):
     """A `vllm.LLM` for the target with `method`'s speculative decoding; fp32 and eager by default, so that

@@ -58,3 +58,11 @@ def test_a_file_that_is_not_a_batch_sweep_is_refused_in_one_line(tmp_path):
     (tmp_path / "chat.json").write_text('{"methods": ["vanilla"]}')
     with pytest.raises(FastEagleError, match="not a vLLM batch sweep"):
         measure(tmp_path / "chat.json", None, Settings(), 1)
+
+
+def test_vllm_gets_a_context_that_fits_the_longest_prompt_its_reply_and_a_draft():
+    from fasteagle.vllm_engine import context_for
+
+    assert context_for([[1] * 100, [1] * 300], 64, 3) == 2048  # the usual context, as every earlier run had
+    assert context_for([[1] * 2050], 64, 3) == 2304  # a held-out document: 2050 + 64 + 4, to a multiple of 256
+    assert context_for([[1] * 1980], 64, 3) == 2048 and context_for([[1] * 1981], 64, 3) == 2304

@@ -68,7 +68,7 @@ def _one_engine(target_name, method, drafter, prompts, k, max_new, batch_sizes, 
 
     from fasteagle import vllm_engine as ve
 
-    llm = ve.engine(target_name, method, drafter, k)
+    llm = ve.engine(target_name, method, drafter, k, max_model_len=ve.context_for(prompts, max_new, k))
     try:
         ve.generate(llm, prompts[:1], 8)
         for temp in temperatures:

@@ -93,7 +93,7 @@ def run_vllm(target_name, method: str, drafter: Path | None, prompts: list[list[
     at each batch size."""
     from fasteagle import vllm_engine as ve
 
-    llm = ve.engine(target_name, method, drafter, k, detailed=True)
+    llm = ve.engine(target_name, method, drafter, k, detailed=True, max_model_len=ve.context_for(prompts, max_new, k))
     try:
         ve.generate(llm, prompts[:1], 8)  # warm-up
         before = ve.counters(llm)
