@@ -152,14 +152,8 @@ def _lookup(target, s: Settings):
 def _fasteagle(target, s: Settings):
     from fasteagle.drafter import CascadedDrafter
 
-    d = CascadedDrafter.load(s.drafter_dir("fasteagle"), target.model, s.draft_int8)
-    if s.wants_full_vocab(target.device):
-        d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
-    elif d.compact_vocab is not None:
-        d.shrink_vocab()
-    _set_tree(d, "fasteagle", target, s, per_depth=True)
-    if s.tree_shape:  # else the drafter's default
-        d.tree_shape = s.tree_shape
+    d = _one_forward_drafter(CascadedDrafter.load(s.drafter_dir("fasteagle"), target.model, s.draft_int8),
+                             "fasteagle", target, s)
     d.step_mode, d.tree_on_device = s.step_mode, s.tree_on_device
     d.state.all_layers = s.all_layers
     d.prefill_tail = s.prefill_tail
@@ -167,12 +161,18 @@ def _fasteagle(target, s: Settings):
 
 
 def _dflash(target, s: Settings):
-    d = load_drafter(s.drafter_dir("dflash"), target.model, s.draft_int8, kind="dflash")
+    return _one_forward_drafter(load_drafter(s.drafter_dir("dflash"), target.model, s.draft_int8, kind="dflash"),
+                                "dflash", target, s)
+
+
+def _one_forward_drafter(d, method: str, target, s: Settings):
+    """A drafter whose one forward gives every depth (the cascade, DFlash) set up alike: its draft vocab for
+    the device, per-depth top-k and budget, and the tree shape its candidates build (None: its own)."""
     if s.wants_full_vocab(target.device):
-        d.grow_vocab(d.cfg.vocab_size)
+        d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
     elif d.compact_vocab is not None:
         d.shrink_vocab()
-    _set_tree(d, "dflash", target, s, per_depth=True)  # the cascade's product tree over the block's depths
+    _set_tree(d, method, target, s, per_depth=True)
     if s.tree_shape:
         d.tree_shape = s.tree_shape
     return d

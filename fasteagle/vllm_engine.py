@@ -93,36 +93,31 @@ def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict 
     folder for eagle3, the cascades and dflash)."""
     if method == "vanilla":
         return None
-    if method in ("eagle3", *CASCADES):
+    if method in DRAFTED:
         if drafter is None:
             raise FastEagleError(f"vLLM's {method} needs an exported drafter (python -m fasteagle export)")
+        depth = _drafter_depth(drafter)
+        if depth and k > depth:
+            raise FastEagleError(f"this drafter drafts {depth} tokens per forward (a cascade's layers, a DFlash "
+                                 f"block's masks); k={k} is more")
+        if method == "dflash":  # stock vLLM's block diffusion drafter: [bonus, mask x k] in one forward
+            return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
-        if method == "eagle3":
-            return spec
-        depth = _drafter_depth(drafter)
-        if depth and k > depth:
-            raise FastEagleError(f"this cascade drafts {depth} tokens per forward (its layers); k={k} is more")
-        # the cascade runs in EAGLE-3's path, all k depths in one forward (fasteagle.vllm_cascade)
-        return spec | {"parallel_drafting": True}
-    if method == "dflash":  # stock vLLM's block diffusion drafter: [bonus, mask x k] in one forward
-        if drafter is None:
-            raise FastEagleError("vLLM's dflash needs an exported drafter (python -m fasteagle export)")
-        depth = _drafter_depth(drafter)
-        if depth and k > depth:
-            raise FastEagleError(f"this DFlash drafter was trained on blocks of {depth} masks; k={k} is more")
-        return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
+        # a cascade runs in EAGLE-3's path, all k depths in one forward (fasteagle.vllm_cascade)
+        return spec if method == "eagle3" else spec | {"parallel_drafting": True}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     raise FastEagleError(f"vLLM runs {', '.join(METHODS)} here, not {method!r}")
 
 
 def _drafter_depth(drafter: str | Path) -> int | None:
-    """The depths an exported cascade drafts (its layers), None where the folder does not say."""
+    """The depths a cascade or DFlash drafter we exported drafts in one forward (`fasteagle_depth`: its layers,
+    its block's masks), None where the folder does not say (an EAGLE-3 checkpoint drafts one per forward)."""
     import json
 
     config = Path(drafter) / "config.json"
     raw = json.loads(config.read_text()) if config.is_file() else {}
-    return raw.get("num_hidden_layers") if raw.get("fasteagle_kind") == "fasteagle" else None
+    return raw.get("fasteagle_depth") if raw.get("fasteagle_kind") else None
 
 
 def context_for(prompts: list[list[int]], max_new: int, k: int) -> int:

@@ -167,3 +167,12 @@ def test_the_layers_share_one_k_norm_and_save_it_per_layer(tiny, tmp_path):
     d.save(tmp_path / "ours", dtype=torch.float32)
     back = load_drafter(tmp_path / "ours", tiny.model)
     assert back.layers[2].self_attn.k_norm.weight is back.layers[0].self_attn.k_norm.weight
+
+
+def test_vllm_is_given_no_more_drafted_tokens_than_the_block_was_trained_for(tiny, tmp_path):
+    from fasteagle.vllm_engine import speculative_config
+
+    out = eagle3_format.export(make(tiny), tmp_path / "vllm")  # blocks of K = 4 masks
+    assert speculative_config("dflash", out, K) == {"method": "dflash", "model": str(out), "num_speculative_tokens": K}
+    with pytest.raises(FastEagleError, match="k=5 is more"):
+        speculative_config("dflash", out, K + 1)
