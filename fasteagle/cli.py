@@ -141,13 +141,15 @@ def _train_parser(sub) -> None:
                         "--intermediate widens its MLP without changing its output)")
     t.add_argument("--micro-batch", dest="micro_batch", type=int, default=None,
                    help="sequences per optimizer step, cut from each cached shard (0: one shard per step)")
-    t.add_argument("--drafter", choices=["fasteagle", "eagle3", "dflash"], default=None,
+    t.add_argument("--drafter", choices=["fasteagle", "eagle3", "dflash", "peagle"], default=None,
                    help="fasteagle: the cascade (default); eagle3: the autoregressive baseline; dflash: block "
-                        "diffusion, vLLM's DFlash network")
+                        "diffusion, vLLM's DFlash network; peagle: parallel EAGLE, EAGLE-3's layer drafting a chain "
+                        "in one pass")
     t.add_argument("--num-layers", dest="num_layers", type=int, default=None,
                    help="cascade layers (fasteagle); decoder layers (dflash)")
     t.add_argument("--depth", type=int, default=None,
-                   help="training-time-test steps and tree depth (eagle3); masks in a block (dflash)")
+                   help="training-time-test steps and tree depth (eagle3); masks in a block (dflash); the longest "
+                        "chain one pass drafts (peagle)")
     t.add_argument("--layout", choices=["eagle3", "proj"], default=None,
                    help="eagle3's network: EAGLE-3's own (default; exports to the EAGLE-3 format vLLM and SGLang "
                         "serve) or proj, ours before it (a projection in front of a stock layer)")

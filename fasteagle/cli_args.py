@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from fasteagle.errors import FastEagleError
-from fasteagle.methods import DEFAULT_DFLASH, DEFAULT_DRAFTER, DEFAULT_EAGLE3, STEP_MODES, Settings
+from fasteagle.methods import DEFAULT_DFLASH, DEFAULT_DRAFTER, DEFAULT_EAGLE3, DEFAULT_PEAGLE, STEP_MODES, Settings
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -33,6 +33,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dflash-drafter", dest="dflash_drafter", default=None,
                    help=f"the DFlash drafter, when --drafter names another (default: assets/drafters/"
                         f"{DEFAULT_DFLASH.name})")
+    p.add_argument("--peagle-drafter", dest="peagle_drafter", default=None,
+                   help=f"the parallel EAGLE drafter, when --drafter names another (default: assets/drafters/"
+                        f"{DEFAULT_PEAGLE.name})")
     p.add_argument("--no-draft-int8", dest="draft_int8", action="store_const", const=False, default=None,
                    help="keep fp32 drafter weights on the CPU (default: int8, fasteagle.packing; the output is the "
                         "same either way, only the draft's speed and acceptance move)")
@@ -79,7 +82,7 @@ def method_settings(args) -> Settings:
     """The drafter settings the flags of `_add_method_args` give; a flag the command lacks is left to the default."""
     k = getattr(args, "tree_k", None)
     drafter, eagle3 = getattr(args, "drafter", None), getattr(args, "eagle3_drafter", None)
-    dflash = getattr(args, "dflash_drafter", None)
+    dflash, peagle = getattr(args, "dflash_drafter", None), getattr(args, "peagle_drafter", None)
     if drafter or eagle3:
         from fasteagle.eagle3_format import resolve
         from fasteagle.methods import drafter_kind
@@ -89,6 +92,8 @@ def method_settings(args) -> Settings:
             drafter, eagle3 = None, drafter
         elif drafter and not dflash and drafter_kind(drafter) == "dflash":  # what --method dflash loads
             drafter, dflash = None, drafter
+        elif drafter and not peagle and drafter_kind(drafter) == "peagle":  # what --method peagle loads
+            drafter, peagle = None, drafter
     return Settings(named=named_drafters(getattr(args, "drafters", None)),
                     tree_budget=getattr(args, "tree_budget", None),
                     tree_k=tuple(parse_tree_k(k)) if k is not None else None,
@@ -96,7 +101,7 @@ def method_settings(args) -> Settings:
                     draft_int8=getattr(args, "draft_int8", None), step_mode=getattr(args, "step_mode", None),
                     tree_on_device=getattr(args, "tree_on_device", None),
                     drafter=Path(drafter) if drafter else None, eagle3_drafter=Path(eagle3) if eagle3 else None,
-                    dflash_drafter=Path(dflash) if dflash else None)
+                    dflash_drafter=Path(dflash) if dflash else None, peagle_drafter=Path(peagle) if peagle else None)
 
 
 def parse_tree_k(text) -> list[int]:

@@ -80,7 +80,7 @@ def cmd_export(args) -> int:
     kind = drafter_kind(src)
     out = vllm_drafter(src, target, Path(args.out), kind, args.full_vocab)
     spec = speculative_config(kind, out, 3)  # a drafter's kind names the method that decodes with it
-    plugin = "" if kind == "eagle3" else " (our plugin: requirements-vllm.txt installs it)"
+    plugin = " (our plugin: requirements-vllm.txt installs it)" if kind == "fasteagle" else ""  # the others: stock
     print(f"wrote {out}: vLLM serves it with speculative_config={json.dumps(spec)}{plugin}")
     return 0
 

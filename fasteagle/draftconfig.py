@@ -41,11 +41,12 @@ class DrafterConfig:
     attention_window: int = 0  # cascade only: each layer attends over its last this many positions (0: all)
     current_token: bool = False  # cascade only: each row also reads its own position's token, not only the next
     # one, so one attention layer can match the token being continued and read the one after it (a copy)
-    depth: int = 7  # EAGLE-3 style: unrolled training steps and draft tree depth; DFlash: the masks in a block
-    mask_token_id: int = 0  # DFlash only: the token id vLLM feeds its mask rows (one the target never writes)
+    depth: int = 7  # EAGLE-3 style: unrolled training steps and draft tree depth; DFlash: the masks in a block;
+    # parallel EAGLE: the longest chain one pass drafts (the bonus row and depth-1 mask rows)
+    mask_token_id: int = 0  # DFlash, parallel EAGLE: the token id vLLM feeds mask rows (one the target never writes)
     draft_vocab: int = 0  # >0: draft only the most frequent tokens (EAGLE-3's reduced draft vocab)
     fingerprint: list[float] = field(default_factory=list)
-    kind: str = "fasteagle"  # or "eagle3" (`fasteagle.eagle3`), "dflash" (`fasteagle.dflash`)
+    kind: str = "fasteagle"  # or "eagle3" (`fasteagle.eagle3`), "dflash" (`fasteagle.dflash`), "peagle"
     # EAGLE-3-style drafter only: "proj" (ours: a projection in front of a stock layer) or "eagle3" (EAGLE-3's
     # own: layer 0's attention reads [norm(embed); norm(hidden)], 2W wide; what `fasteagle.eagle3_format`
     # imports and exports), and the switches of that format (vLLM's `llama_eagle3.py` reads the same)

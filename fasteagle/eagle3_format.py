@@ -219,8 +219,9 @@ def _theirs(name: str, num_layers: int) -> str:
 def export(drafter, out: str | Path, target_name: str | None = None) -> Path:
     """Write an attached EAGLE-3-style drafter of layout "eagle3" as an EAGLE-3 checkpoint: config.json
     and model.safetensors (fp32), the LM head's draft-vocab rows and d2t/t2d included, so that vLLM,
-    SGLang or `load` reads it without this package's help. A cascade goes to `export_cascade`, a DFlash
-    drafter to `export_dflash` (vLLM's own DFlash format)."""
+    SGLang or `load` reads it without this package's help; a parallel EAGLE drafter adds its `mask_hidden` and
+    `mask_token_id` (vLLM's `parallel_drafting`). A cascade goes to `export_cascade`, a DFlash drafter to
+    `export_dflash` (vLLM's own DFlash format)."""
     cfg = drafter.cfg
     if cfg.kind == "fasteagle":
         return export_cascade(drafter, out, target_name)
@@ -243,6 +244,8 @@ def export(drafter, out: str | Path, target_name: str | None = None) -> Path:
     config = _config(cfg, "LlamaForCausalLMEagle3", drafter.vocab_ids.numel(), target_name) | {
         "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm, "attention_bias": cfg.attention_bias}
+    if cfg.kind == "peagle":  # vLLM's parallel drafting: k-1 rows of `mask_hidden` and this token after the bonus
+        config |= {"mask_token_id": cfg.mask_token_id, "fasteagle_kind": cfg.kind, "fasteagle_depth": cfg.depth}
     write_text(out / "config.json", json.dumps(config, indent=2))
     return out
 

@@ -24,6 +24,8 @@ DEFAULT_EAGLE3 = DEFAULT_DRAFTER.with_name("smollm2-135m-eagle3")
 EQUAL_DRAFTER = DEFAULT_DRAFTER.with_name("smollm2-135m-fasteagle-equal")
 # A DFlash drafter (block diffusion, `fasteagle.dflash`) trained beside that pair, on the same data and steps.
 DEFAULT_DFLASH = DEFAULT_DRAFTER.with_name("smollm2-135m-dflash")
+# Parallel EAGLE (EAGLE-3's layer drafting k in one pass, `fasteagle.peagle`), the same recipe's fourth arm.
+DEFAULT_PEAGLE = DEFAULT_DRAFTER.with_name("smollm2-135m-peagle")
 
 # Node budgets `python -m fasteagle bench --tree auto` picked for the shipped drafters on a 2-core CPU, where
 # a big tree's verify costs several decode steps, so small trees win (docs/design.md, "Small trees on a CPU,
@@ -61,6 +63,7 @@ class Settings:
     drafter: Path | None = None  # the FastEagle drafter folder (None: DEFAULT_DRAFTER)
     eagle3_drafter: Path | None = None  # the EAGLE-3-style drafter folder (None: DEFAULT_EAGLE3)
     dflash_drafter: Path | None = None  # the DFlash drafter folder (None: DEFAULT_DFLASH)
+    peagle_drafter: Path | None = None  # the parallel EAGLE drafter folder (None: DEFAULT_PEAGLE)
     named: tuple[tuple[str, Path], ...] = ()  # more methods, each a label for a drafter folder (`--drafters`)
 
     def __post_init__(self):
@@ -165,9 +168,14 @@ def _dflash(target, s: Settings):
                                 "dflash", target, s)
 
 
+def _peagle(target, s: Settings):
+    return _one_forward_drafter(load_drafter(s.drafter_dir("peagle"), target.model, s.draft_int8, kind="peagle"),
+                                "peagle", target, s)
+
+
 def _one_forward_drafter(d, method: str, target, s: Settings):
-    """A drafter whose one forward gives every depth (the cascade, DFlash) set up alike: its draft vocab for
-    the device, per-depth top-k and budget, and the tree shape its candidates build (None: its own)."""
+    """A drafter whose one forward gives every depth (the cascade, DFlash, parallel EAGLE) set up alike: its draft
+    vocab for the device, per-depth top-k and budget, and the tree shape its candidates build (None: its own)."""
     if s.wants_full_vocab(target.device):
         d.grow_vocab(d.cfg.vocab_size)  # a drafter with the whole vocabulary already keeps it
     elif d.compact_vocab is not None:
@@ -210,6 +218,7 @@ REGISTRY = {
     "fasteagle": _fasteagle,
     "eagle3": _eagle3,
     "dflash": _dflash,  # block diffusion: one forward drafts a block (`fasteagle.dflash`)
+    "peagle": _peagle,  # parallel EAGLE: EAGLE-3's layer over k-1 mask rows, one forward (`fasteagle.peagle`)
     "fasteagle+lookup": _with_lookup("fasteagle"),  # the trained drafter's tree joined with lookup's
     "eagle3+lookup": _with_lookup("eagle3"),
 }
@@ -224,12 +233,15 @@ ALIASES = {  # fasteagle with one setting changed, to time the two side by side 
 }
 # the Settings field naming the folder a method loads, and the folder where that field is None
 PATH_SETTING = {"fasteagle": "drafter", "fasteagle+lookup": "drafter", "eagle3": "eagle3_drafter",
-                "eagle3+lookup": "eagle3_drafter", "dflash": "dflash_drafter"}
-DEFAULT_FOLDERS = {"drafter": DEFAULT_DRAFTER, "eagle3_drafter": DEFAULT_EAGLE3, "dflash_drafter": DEFAULT_DFLASH}
+                "eagle3+lookup": "eagle3_drafter", "dflash": "dflash_drafter",
+                "peagle": "peagle_drafter"}
+DEFAULT_FOLDERS = {"drafter": DEFAULT_DRAFTER, "eagle3_drafter": DEFAULT_EAGLE3, "dflash_drafter": DEFAULT_DFLASH,
+                   "peagle_drafter": DEFAULT_PEAGLE}
 
 
 def drafter_kind(path: str | Path) -> str:
-    """"fasteagle", "eagle3" or "dflash": the kind of drafter a folder holds (ours by config.json's "kind", an
+    """"fasteagle", "eagle3", "dflash" or "peagle": the kind of drafter a folder holds (ours by config.json's
+    "kind", an
     EAGLE-3 checkpoint of the EAGLE / SpecForge / vLLM format by its architectures)."""
     from fasteagle import eagle3_format
     from fasteagle.draftconfig import read_config
@@ -246,13 +258,15 @@ def load_drafter(path: str | Path, target_model=None, int8: bool | None = None, 
     from fasteagle.dflash import DFlashDrafter
     from fasteagle.drafter import CascadedDrafter
     from fasteagle.eagle3 import AutoregressiveDrafter
+    from fasteagle.peagle import ParallelEagleDrafter
 
     if eagle3_format.is_checkpoint(path):
         if kind not in (None, "eagle3"):
             raise FastEagleError(f"{path} is an EAGLE-3 checkpoint: decode with it as --method eagle3")
         return eagle3_format.load(path, target_model, int8)
     found = drafter_kind(path)
-    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter, DFlashDrafter)}.get(kind or found)
+    cls = {c.KIND: c for c in (CascadedDrafter, AutoregressiveDrafter, DFlashDrafter,
+                                       ParallelEagleDrafter)}.get(kind or found)
     if cls is None:
         raise FastEagleError(f"{path} holds an unknown drafter kind {found!r}")
     return cls.load(path, target_model, int8)

@@ -20,9 +20,9 @@ from fasteagle.errors import FastEagleError
 SUPPORTED = ("0.32.",)  # the vLLM releases this code was written against (its EAGLE-3 path and metrics)
 # our methods vLLM runs (bench --engine vllm, serve); the cascades run through our plugin (fasteagle.vllm_plugin),
 # each with its own drafter
-METHODS = ("vanilla", "eagle3", "fasteagle", "fasteagle-equal", "dflash", "ngram")
+METHODS = ("vanilla", "eagle3", "fasteagle", "fasteagle-equal", "dflash", "peagle", "ngram")
 CASCADES = ("fasteagle", "fasteagle-equal")
-DRAFTED = ("eagle3", "dflash", *CASCADES)  # the methods whose drafter (ours, exported) vLLM loads
+DRAFTED = ("eagle3", "dflash", "peagle", *CASCADES)  # the methods whose drafter (ours, exported) vLLM loads
 
 
 def require_vllm():
@@ -90,7 +90,7 @@ def check_drafted_family(target, methods: list[str]) -> None:
 
 def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict | None:
     """vLLM's `speculative_config` for one of METHODS drafting a chain of k tokens (`drafter`: an exported
-    folder for eagle3, the cascades and dflash)."""
+    folder for eagle3, the cascades, dflash and peagle)."""
     if method == "vanilla":
         return None
     if method in DRAFTED:
@@ -99,11 +99,12 @@ def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict 
         depth = _drafter_depth(drafter)
         if depth and k > depth:
             raise FastEagleError(f"this drafter drafts {depth} tokens per forward (a cascade's layers, a DFlash "
-                                 f"block's masks); k={k} is more")
+                                 f"block's masks, parallel EAGLE's trained chain); k={k} is more")
         if method == "dflash":  # stock vLLM's block diffusion drafter: [bonus, mask x k] in one forward
             return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
-        # a cascade runs in EAGLE-3's path, all k depths in one forward (fasteagle.vllm_cascade)
+        # a cascade and parallel EAGLE run in EAGLE-3's path, all k depths in one forward (fasteagle.vllm_cascade,
+        # stock vLLM's `mask_hidden` rows)
         return spec if method == "eagle3" else spec | {"parallel_drafting": True}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}

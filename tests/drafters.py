@@ -206,7 +206,7 @@ def steer(drafter, reference: list[int], corrupt: float = 0.25, seed: int = 0):
         return row if row >= 0 else None
 
     drafter.reset, drafter.extend = reset, extend
-    if hasattr(drafter, "depth_outputs") and hasattr(drafter, "step"):  # EAGLE-3 style: one head call per depth
+    if not hasattr(drafter, "depth_probs"):  # EAGLE-3 style: one head call per depth
         orig_step, orig_head = drafter.step, drafter.head
 
         def step(g, next_ids, *a, **k):
@@ -228,10 +228,10 @@ def steer(drafter, reference: list[int], corrupt: float = 0.25, seed: int = 0):
             return z
 
         drafter.step, drafter.head = step, head
-    else:  # the cascade: every depth's distribution in one call (dynamic and fixed steps alike)
+    else:  # the cascade, DFlash, parallel EAGLE: every depth's distribution in one call
         orig_probs = drafter.depth_probs
 
-        def depth_probs(*args):  # the cascade's (last=None), DFlash's (root, masks)
+        def depth_probs(*args):  # the cascade's (last=None), DFlash's and parallel EAGLE's (root, depths)
             p = orig_probs(*args).clone()
             for a in range(1, p.shape[0] + 1):
                 row = truth(a)

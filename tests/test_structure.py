@@ -17,7 +17,7 @@ LAYERS = [
      "fasteagle.packing", "fasteagle.tree", "fasteagle.vllm_plugin", "fasteagle.vllm_cascade"},
     {"fasteagle.paths", "fasteagle.kvcache", "fasteagle.fused", "fasteagle.lookup", "fasteagle.draftconfig"},
     {"fasteagle.target", "fasteagle.verify", "fasteagle.draftgraph", "fasteagle.draftbase"},
-    {"fasteagle.drafter", "fasteagle.eagle3", "fasteagle.dflash", "fasteagle.generate"},
+    {"fasteagle.drafter", "fasteagle.eagle3", "fasteagle.dflash", "fasteagle.peagle", "fasteagle.generate"},
     {"fasteagle.hybrid", "fasteagle.eagle3_format", "fasteagle.vllm_engine", "fasteagle.vllm_traces"},
     {"fasteagle.methods"},
     {"fasteagle.profile", "fasteagle.train", "fasteagle.train.teacher", "fasteagle.train.data",

@@ -72,7 +72,8 @@ def drafters_of(command: str, root: Path) -> set[Path]:
     named = tuple((label, _path(folder, root)) for label, _, folder in
                   (x.partition("=") for x in (flags.get("--drafters") or "").split(",") if "=" in x))
     s = Settings(drafter=_path(flags.get("--drafter"), root), eagle3_drafter=_path(flags.get("--eagle3-drafter"), root),
-                 dflash_drafter=_path(flags.get("--dflash-drafter"), root), named=named)
+                 dflash_drafter=_path(flags.get("--dflash-drafter"), root),
+                 peagle_drafter=_path(flags.get("--peagle-drafter"), root), named=named)
     out = set()
     for m in (flags.get("--methods") or flags.get("--method")).split(","):
         if m in REGISTRY or m in ALIASES or m in dict(named):

@@ -34,7 +34,7 @@ def vllm_drafter(path: Path, target, out: Path, kind: str = "eagle3", full_vocab
     if eagle3_format.is_checkpoint(path):
         return path
     drafter = load_drafter(path, target.model, int8=False, kind=kind)
-    if kind in ("fasteagle", "dflash") and not full_vocab and drafter.compact_vocab is not None:
+    if kind in ("fasteagle", "dflash", "peagle") and not full_vocab and drafter.compact_vocab is not None:
         drafter.shrink_vocab()
     return eagle3_format.export(drafter, out, target.name)
 

@@ -44,9 +44,10 @@ class TrainConfig:
     # tests); the extra_features folders stay whole
     extra_data: list[str] = field(default_factory=list)  # more token datasets to train on (e.g. a distilled.pt)
     init_from: str | None = None  # continue from a trained drafter directory (weights and draft vocab)
-    drafter: str = "fasteagle"  # "fasteagle" (the cascade), "eagle3" (one layer, training-time test) or "dflash"
+    drafter: str = "fasteagle"  # "fasteagle" (the cascade), "eagle3" (one layer, training-time test), "dflash" or
+    # "peagle" (parallel EAGLE: EAGLE-3's layer drafting a chain in one pass over mask rows)
     num_layers: int = 6  # cascade layers = draft depths (fasteagle); decoder layers (dflash)
-    depth: int = 7  # unrolled training steps = draft tree depth (eagle3); masks in a block (dflash)
+    depth: int = 7  # unrolled training steps = draft tree depth (eagle3); masks in a block (dflash); chain (peagle)
     layout: str = "eagle3"  # eagle3: EAGLE-3's own network, exportable to its format; "proj": ours before it
     intermediate: int = 768
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
@@ -131,8 +132,9 @@ _ABOVE_0 = ("epochs", "clip", "loss_decay", "minutes", "distill_minutes", "shard
 _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") for n in _AT_LEAST_0}
            | {n: (0, "above 0") for n in _ABOVE_0})
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb", "distill_batches")  # None: no such limit
-_CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3", "dflash"), "layout": ("eagle3", "proj"),
-            "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"), "token_source": ("draft", "true"),
+_CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3", "dflash", "peagle"),
+            "layout": ("eagle3", "proj"), "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"),
+            "token_source": ("draft", "true"),
             "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
 
 

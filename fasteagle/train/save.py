@@ -29,7 +29,9 @@ def model_card(drafter: CascadedDrafter, info: dict) -> str:
     c, per_dir = drafter.cfg, t.get("tokens_per_feature_dir") or {}
     shape = {"fasteagle": f"{c.num_layers} cascaded decoder layers",
              "dflash": f"{c.num_layers} decoder layers over the target's features in their keys and values, "
-                       f"drafting a block of {c.depth} masks in one forward (DFlash)"}.get(
+                       f"drafting a block of {c.depth} masks in one forward (DFlash)",
+             "peagle": f"1 EAGLE-3 decoder layer drafting a chain of {c.depth} in one pass over {c.depth - 1} learned "
+                       "mask rows (parallel EAGLE)"}.get(
         c.kind, f"1 decoder layer unrolled {c.depth} times (training-time test)")
     lines = [
         f"# {c.kind} drafter for {c.target}", "",

@@ -158,8 +158,15 @@ def start(cfg: TrainConfig, target=None) -> Run:
         from fasteagle.dflash import DFlashDrafter
 
         drafter_cls, dcfg = DFlashDrafter, DFlashDrafter.config_for(dcfg, cfg.depth)
+    elif cfg.drafter == "peagle":
+        from fasteagle.peagle import ParallelEagleDrafter
+
+        if cfg.layout != "eagle3":
+            raise FastEagleError("parallel EAGLE is EAGLE-3's own network: layout eagle3")
+        drafter_cls, dcfg = ParallelEagleDrafter, ParallelEagleDrafter.config_for(dcfg, cfg.depth)
+        dcfg.layout = cfg.layout
     elif cfg.drafter != "fasteagle":
-        raise FastEagleError(f"unknown drafter {cfg.drafter!r}; use fasteagle, eagle3 or dflash")
+        raise FastEagleError(f"unknown drafter {cfg.drafter!r}; use fasteagle, eagle3, dflash or peagle")
     return Run(cfg, accel, target, dcfg, drafter_cls, out, Path(cfg.feature_dir or out / "features"), t_start)
 
 
@@ -349,7 +356,7 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
                         f"{min(cfg.draft_vocab, dcfg.vocab_size)} tokens")
             drafter.grow_vocab(cfg.draft_vocab, counts)
     else:
-        if dcfg.kind == "dflash":  # vLLM knows a mask row by this id, so a bonus token must never be it
+        if dcfg.kind in ("dflash", "peagle"):  # vLLM knows a DFlash mask row by this id: never a bonus token
             unseen = (counts == 0).nonzero()[:, 0]
             dcfg.mask_token_id = int(unseen[0]) if unseen.numel() else dcfg.vocab_size - 1
         drafter = run.drafter_cls(dcfg).attach(model)
