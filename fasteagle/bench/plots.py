@@ -115,7 +115,8 @@ def side_by_side_chart(doc: dict, path: str | Path) -> None:
                             row=1, col=col)
         fig.update_xaxes(title_text="draft depth", dtick=1, row=1, col=col)
     fig.update_yaxes(title_text="acceptance", range=[0, 1], row=1, col=1)
-    fig.update_layout(title=f"Acceptance by depth at {doc['steps']} steps of equal training ({doc.get('device', '?')}; "
+    at = f"at {doc['steps']} steps of equal training" if doc.get("steps") else "(unequal training)"
+    fig.update_layout(title=f"Acceptance by depth {at} ({doc.get('device', '?')}; "
                             f"depths judged at least {MIN_JUDGED} times)",
                       height=420, template="plotly_white")
     with atomic_path(path) as tmp:

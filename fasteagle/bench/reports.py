@@ -333,7 +333,8 @@ def _depths(summary: dict, shown: int = 4) -> str:
 
 def _side_by_side_table(doc: dict) -> str:
     """A recipe's compare stage (`fasteagle.train.compare`): a row per prompt set, tree and drafter."""
-    head = (f"**{doc.get('device', '?')}**: every drafter at {doc['steps']} steps of equal training, decoded side by "
+    steps = f"{doc['steps']} steps of" if doc.get("steps") else "unequal"
+    head = (f"**{doc.get('device', '?')}**: every drafter at {steps} equal training, decoded side by "
             f"side in one run per prompt set and tree (each prompt {doc['repeats']} times by every method in turn; "
             "speed-up: pooled tokens/s over vanilla's in the same run, ± the runs' spread; acceptance by depth: "
             f"the depths judged at least {MIN_JUDGED} times)\n\n"
@@ -353,7 +354,51 @@ def _side_by_side_table(doc: dict) -> str:
                             f"{_shown(m.get('acceptance_below_side'))} | {m['draft_ms']:.1f} "
                             f"| {m['identical_to_vanilla']}/{m['prompts']} "
                             f"| {', '.join(f'{k} {t:.2f}' for k, t in (m.get('tau_by_kind') or {}).items()) or '–'} |")
-    return head + "\n".join(rows) + "\n"
+    return _drafter_facts_table(doc) + head + "\n".join(rows) + "\n" + _vllm_chains_table(doc)
+
+
+def _drafter_facts_table(doc: dict) -> str:
+    """A recipe of steps' compared drafters: what each is and what its training took."""
+    facts = doc.get("drafter_facts")
+    if not facts:
+        return ""
+    rows = [f"| {name} | {f['kind']} | {f['params'] / 1e6:.1f}M | {f.get('steps') or '–'} "
+            f"| {_shown_int(f.get('tokens_trained'))} | {f.get('train_minutes') or '–'} |" for name, f in facts.items()]
+    return ("The drafters (parameters: the trained tensors; the target's embedding and head are shared):\n\n"
+            "| drafter | kind | parameters | steps | tokens seen | training minutes |\n|---|---|---|---|---|---|\n"
+            + "\n".join(rows) + "\n\n")
+
+
+def _shown_int(value) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
+def conditional(per_position: list[float]) -> list[float]:
+    """vLLM's acceptance per position (accepted there / drafted steps) as a rate given the one before accepted."""
+    return [x / prev if prev else 0.0 for x, prev in zip(per_position, [1.0, *per_position])]
+
+
+def _vllm_chains_table(doc: dict) -> str:
+    """A recipe of steps' vLLM sweeps: each drafter's chain of k at each batch size."""
+    chains = doc.get("vllm")
+    if not chains:
+        return ""
+    rows = []
+    for label, c in chains.items():
+        for b, methods in c["batches"].items():
+            for name, m in methods.items():
+                if name == "vanilla":
+                    continue
+                spread = f" ± {100 * m['spread']:.0f}%" if m.get("spread") is not None else ""
+                pos = " / ".join(f"{x:.2f}" for x in conditional(m.get("per_position") or []))
+                rows.append(f"| {label} | {c['k']} | {b} | {name} | {m['tokens_per_s']:.1f}{spread} "
+                            f"| {m['speedup_vs_vanilla']:.2f}x | {_shown(m.get('tau'))} | {pos or '–'} "
+                            f"| {m.get('identical_to_vanilla', '–')}/{m.get('prompts', '–')} |")
+    return ("\nIn vLLM (stock for eagle3, dflash and peagle; the cascade through our plugin), chains of k, every "
+            "timing repeated and interleaved across methods (acceptance per position, conditional: of the drafted "
+            "steps that reached it, where vLLM counts it over all drafted steps):\n\n"
+            "| run | k | batch | drafter | tokens/s | vs vanilla | tau | acceptance per position | identical |\n"
+            "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def _shown(value: float | None) -> str:

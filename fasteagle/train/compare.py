@@ -198,3 +198,130 @@ def report(recipe, out: Path, command: str) -> Path | None:
     print(markdown_table(doc))
     print(f"wrote {path} (+ .md table, .html chart)")
     return path
+
+
+# -- a recipe of steps: its bench steps' results joined ------------------------------------------
+VLLM_METHOD = {"fasteagle": "fasteagle", "eagle3": "eagle3", "dflash": "dflash", "peagle": "peagle"}  # kind -> vLLM's
+
+
+def parser():
+    from fasteagle.errors import Parser
+
+    p = Parser(
+        prog="python -m fasteagle.train.compare",
+        description="A recipe of steps' compare step: its bench results (our engine's, by prompt set and tree; "
+                    "vLLM's batch sweeps, by chain) joined into one result file, one table and one chart, beside "
+                    "each drafter's parameters and training minutes")
+    p.add_argument("--ours", required=True,
+                   help="comma list of PROMPTS/TREE=RESULT: `bench` results, every drafter a method of its label")
+    p.add_argument("--vllm", default="", help="comma list of LABEL=RESULT: `bench --engine vllm --repeats` results")
+    p.add_argument("--drafters", required=True, help="comma list of LABEL=FOLDER: the drafters compared")
+    p.add_argument("--out", required=True, help="the joined result JSON (its .md table and .html chart beside it)")
+    return p
+
+
+def _pairs(text: str, what: str) -> dict[str, str]:
+    out = {}
+    for item in filter(None, text.split(",")):
+        label, eq, value = item.partition("=")
+        if not eq or not label or not value:
+            raise FastEagleError(f"{what}: {item!r} is not LABEL=VALUE")
+        out[label] = value
+    return out
+
+
+def drafter_facts(folder: str | Path) -> dict:
+    """A trained drafter's kind, trained parameters (its saved tensors; the target's shared embedding and head
+    not among them) and what its training took (config.json's `training`)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        raise FastEagleError(f"no trained drafter at {folder} (its config.json is missing or unreadable)") from None
+    params = 0
+    for file in sorted(folder.glob("model*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            params += sum(_numel(f.get_slice(k).get_shape()) for k in f.keys() if k != "vocab_ids")
+    t = cfg.get("training") or {}
+    return {"kind": cfg.get("kind", "fasteagle"), "folder": str(folder), "params": params,
+            **{k: t.get(k) for k in ("steps", "tokens_trained", "train_minutes", "train_cpu_minutes")}}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def join(ours: dict[str, str], vllm: dict[str, str], drafters: dict[str, str], command: str) -> dict:
+    """The side-by-side document of a recipe of steps (the shape `report` writes, plus `vllm` and each drafter's
+    facts): per prompt set and tree, each drafter's measurement in our engine; per chain and batch size, in
+    vLLM."""
+    from fasteagle.files import read_result
+
+    facts = {label: drafter_facts(folder) for label, folder in drafters.items()}
+    table, device = {}, None
+    for key, path in ours.items():
+        p_label, slash, t_label = key.partition("/")
+        if not slash:
+            raise FastEagleError(f"--ours: {key!r} must be PROMPTS/TREE")
+        doc = read_result(path)
+        device = device or doc.get("device")
+        budgets = doc["settings"].get("tree_budget")
+        table.setdefault(p_label, {})[t_label] = {
+            "result": str(path), "command": doc.get("command"), "prompts": doc["methods"]["vanilla"]["prompts"],
+            "methods": {m: _measured(m, doc, budgets) for m in ["vanilla", *facts] if m in doc["methods"]}}
+    chains = {}
+    for label, path in vllm.items():
+        doc = read_result(path)
+        by_method = {VLLM_METHOD[f["kind"]]: name for name, f in facts.items()} | {"vanilla": "vanilla"}
+        keep = ("tokens_per_s", "spread", "speedup_vs_vanilla", "tau", "per_position", "identical_to_vanilla",
+                "prompts")
+        chains[label] = {"k": doc["k"], "result": str(path), "command": doc.get("command"),
+                         "batches": {b: {by_method[m]: {x: s.get(x) for x in keep} for m, s in run["methods"].items()
+                                         if m in by_method} for b, run in doc["batches"].items()}}
+    steps = {f["steps"] for f in facts.values()}
+    return {"side_by_side": table, "vllm": chains, "drafter_facts": facts,
+            "steps": steps.pop() if len(steps) == 1 else None, "repeats": _repeats(ours),
+            "device": device, "command": command}
+
+
+def _repeats(ours: dict[str, str]) -> int | None:
+    """How many times the results decoded each prompt by every method (None: not the same in all)."""
+    from fasteagle.files import read_result
+
+    found = {len(r.get("wall_s_runs") or [None]) for p in ours.values() for rows in read_result(p)["rows"].values()
+             for r in rows}  # each prompt's runs (--repeats)
+    return found.pop() if len(found) == 1 else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import shlex
+
+    from fasteagle.errors import run_command
+
+    args = parser().parse_args(argv)
+    command = shlex.join(["python", "-m", "fasteagle.train.compare", *(argv if argv is not None else sys.argv[1:])])
+
+    def go() -> int:
+        from fasteagle.bench.plots import side_by_side_chart
+        from fasteagle.bench.reports import markdown_table
+
+        doc = join(_pairs(args.ours, "--ours"), _pairs(args.vllm, "--vllm"), _pairs(args.drafters, "--drafters"),
+                   command)
+        path = Path(args.out)
+        write_text(path, json.dumps(doc, indent=2))
+        write_text(path.with_suffix(".md"), markdown_table(doc))
+        side_by_side_chart(doc, path.with_suffix(".html"))
+        print(markdown_table(doc))
+        print(f"wrote {path} (+ .md table, .html chart)")
+        return 0
+
+    return run_command(go)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

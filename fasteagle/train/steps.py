@@ -7,7 +7,9 @@ stage by stage, each stage continuing the weights of the one before on data cut 
 FastEagle drafter grew over 14 stages on a CPU and a GPU. Such a recipe is a list of steps, each one
 fasteagle command: `data` (python -m fasteagle.train.data: prompt files and their cuts), `tasks`
 (python -m fasteagle.train.tasks: prompts beyond chat, made from train conversations), `train`
-(python -m fasteagle train) or `vocab` (python -m fasteagle.train.vocab). In a step's arguments
+(python -m fasteagle train), `vocab` (python -m fasteagle.train.vocab), `bench` (python -m fasteagle bench:
+the trained drafters measured, every step after the trainings, so nothing trains while it times) or `compare`
+(python -m fasteagle.train.compare: those results joined into one table and one chart). In a step's arguments
 `{out}` is the recipe's out folder and `{configs}` the folder its `configs` (file name -> training
 settings) are written to.
 
@@ -39,7 +41,8 @@ from fasteagle.files import check_writable, write_text
 
 # step kind -> python -m ...
 COMMANDS = {"data": ["fasteagle.train.data"], "tasks": ["fasteagle.train.tasks"], "train": ["fasteagle", "train"],
-            "vocab": ["fasteagle.train.vocab"]}
+            "vocab": ["fasteagle.train.vocab"], "bench": ["fasteagle", "bench"], "compare": ["fasteagle.train.compare"]}
+SUBCOMMANDS = ("train", "bench")  # steps whose command is a `python -m fasteagle` subcommand
 
 
 @dataclass
@@ -119,18 +122,20 @@ def check_step(recipe: StepRecipe, step: Step, made: list[str], what: str) -> No
         TrainConfig(**train_settings(recipe, step, ns)).check()
     outs = outputs(step, ns)
     out = recipe.out.rstrip("/") + "/"
-    for arg in recipe.argv(step):
-        if arg.startswith(out) and arg not in outs and not any(arg == m or arg.startswith(m + "/") for m in made):
-            raise FastEagleError(f"{what}: {arg} is made by no earlier step")
+    for arg in recipe.argv(step):  # a path, or a comma list of paths or LABEL=PATH pairs
+        for path in {arg, *(item.rpartition("=")[2] for item in arg.split(","))}:
+            if path.startswith(out) and path not in outs and not any(path == m or path.startswith(m + "/")
+                                                                     for m in made):
+                raise FastEagleError(f"{what}: {path} is made by no earlier step")
     made.extend(outs)
 
 
 def parse(recipe: StepRecipe, step: Step, what: str = "step"):
     """The step's arguments as its own command line parses them (its error, in one line, if it refuses)."""
-    if step.run == "train":
+    if step.run in SUBCOMMANDS:
         from fasteagle.cli import build_parser
 
-        parser, argv = build_parser(), ["train", *recipe.argv(step)]
+        parser, argv = build_parser(), [step.run, *recipe.argv(step)]
     else:
         import importlib
 
@@ -145,7 +150,7 @@ def parse(recipe: StepRecipe, step: Step, what: str = "step"):
 
 
 def outputs(step: Step, ns) -> list[str]:
-    """What a step writes: a training run's --out, a prompt file, a drafter given a new vocabulary."""
+    """What a step writes: a training run's --out, a prompt file, a drafter given a new vocabulary, a result."""
     if step.run == "vocab":
         return [ns.out or ns.drafter]
     if step.run in ("data", "tasks"):
