@@ -393,7 +393,7 @@ class DrafterBase(nn.Module):
         outs = self.depth_outputs(feats[:, :-1].to(self.dtype), input_ids[:, 1:], self.cfg.token_source == "true",
                                   cur_ids=input_ids[:, :-1], **extra)
         rows, to_row = self._loss_rows(teacher_ids)
-        total, stats = 0.0, {}
+        stats, per_depth = {}, []  # (depth, counted (B, n), ce (M,), argmax hit (M,), p of the teacher's top-1 (M,))
         for i, h in enumerate(outs, start=1):
             n = L - 1 - i  # positions t with a token t+1+i
             if n <= 0:
@@ -414,14 +414,51 @@ class DrafterBase(nn.Module):
             if torch.is_grad_enabled() and n_rows * args[0].shape[0] > self.LEAN_LOSS_ELEMENTS:
                 # recompute this depth's logits in the backward instead of keeping them: a whole-vocab
                 # head would otherwise hold every depth's (M, V) logits at once (tens of GB at 32k tokens)
-                ce, correct = checkpoint(self._depth_loss, *args, use_reentrant=False)
+                ce, correct, p_top = checkpoint(self._depth_loss, *args, use_reentrant=False)
             else:
-                ce, correct = self._depth_loss(*args)
-            layer_loss = ce.mean()
-            total = total + self.cfg.loss_decay ** (i - 1) * layer_loss
+                ce, correct, p_top = self._depth_loss(*args)
+            per_depth.append((i, m, ce, correct & (hits >= 0), p_top * (hits >= 0)))
             stats[f"acc{i}"] = float(correct.float().mean())
-            stats[f"loss{i}"] = float(layer_loss.detach())
+            stats[f"loss{i}"] = float(ce.mean().detach())
+        total = 0.0
+        for (_, _, ce, _, _), w in zip(per_depth, self._depth_weights(per_depth)):
+            total = total + (w * ce).mean() if torch.is_tensor(w) else total + w * ce.mean()
         return total, stats
+
+    def _depth_weights(self, per_depth: list) -> list:
+        """Each depth's loss weight (`DrafterConfig.loss_weights`): a number, or one weight per counted position.
+
+        decay       loss_decay ** (i - 1) at depth i.
+        until-fail  Accept-Until-Fail: depth i counts at position t only while depths 1..i-1 there drafted the
+                    teacher's top-1, i.e. up to the chain's first miss (a depth not counted there does not stop it).
+        dpace       the chain's expected accepted length E = sum_k prod_{j<=k} q_j, q_j the drafter's probability
+                    of the teacher's top-1 at depth j (detached, floored at DPACE_FLOOR so untrained depths still
+                    learn): depth i weighs dE/dlog q_i = sum_{k>=i} prod_{j<=k} q_j, scaled to a mean of 1 over
+                    the batch's counted positions of every depth (our reading of D-PACE's weights)."""
+        scheme = self.cfg.loss_weights
+        if scheme == "decay":
+            return [self.cfg.loss_decay ** (i - 1) for i, *_ in per_depth]
+        if not per_depth:
+            return []
+        full = per_depth[0][1].shape[0], max(m.shape[1] for _, m, *_ in per_depth)
+
+        def spread(m, values, fill):  # (M,) at the counted positions -> (B, n_max)
+            out = torch.full(full, fill, dtype=values.dtype, device=values.device)
+            out[:, :m.shape[1]][m] = values
+            return out
+
+        if scheme == "until-fail":
+            alive, out = torch.ones(full, dtype=torch.bool, device=per_depth[0][2].device), []
+            for _, m, _, correct, _ in per_depth:
+                out.append(alive[:, :m.shape[1]][m].float())
+                alive &= spread(m, correct, True)
+            return out
+        q = [spread(m, p.detach().float().clamp_min(self.DPACE_FLOOR), 1.0) for _, m, _, _, p in per_depth]
+        prefix = torch.stack(q).cumprod(0)  # prod_{j<=k} q_j, (depths, B, n_max)
+        tail = prefix.flip(0).cumsum(0).flip(0)  # sum_{k>=i} prefix_k
+        out = [tail[d, :, :m.shape[1]][m] for d, (_, m, *_) in enumerate(per_depth)]
+        scale = torch.cat(out).mean().clamp_min(1e-9)
+        return [w / scale for w in out]
 
     def _loss_rows(self, teacher_ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The draft rows the loss's softmax covers, and a draft index -> row table (None, None: all).
@@ -439,16 +476,19 @@ class DrafterBase(nn.Module):
         to_row[rows] = torch.arange(rows.numel(), device=rows.device)
         return rows, to_row
 
+    DPACE_FLOOR = 0.05  # "dpace" weights: the least probability a depth counts with (untrained depths still learn)
     LEAN_LOSS_ELEMENTS = 1 << 28  # logits (M positions x V draft tokens) above which a depth's loss is recomputed
 
     def _depth_loss(self, h: torch.Tensor, depth: int, ids: torch.Tensor, probs: torch.Tensor,
-                    hits: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    hits: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """Cross-entropy of depth `depth`'s draft distribution against the teacher's top-k (`ids`,
-        `probs`, (M, K)) at the M counted positions, and whether its argmax is the teacher's top-1 (`hits`);
+        `probs`, (M, K)) at the M counted positions, whether its argmax is the teacher's top-1 (`hits`) and the
+        probability it gives that token;
         with `rows`, over those rows of the draft vocab only (`ids` and `hits` index `rows`)."""
         logp = F.log_softmax(self.head(h, depth, rows).float(), -1)  # (M, V_draft) or (M, rows)
         ce = -(probs * logp.gather(-1, ids)).sum(-1)
-        return ce, logp.detach().argmax(-1) == hits
+        top = logp.detach().gather(-1, hits.clamp_min(0)[:, None])[:, 0].exp()  # p of the teacher's top-1
+        return ce, logp.detach().argmax(-1) == hits, top
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, out: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16,

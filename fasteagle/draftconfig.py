@@ -34,6 +34,8 @@ class DrafterConfig:
     max_positions: int = 8192
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
     loss_targets: str = "soft"  # "soft": the teacher's top-k distribution; "hard": its top-1 token only
+    loss_weights: str = "decay"  # how depths and positions weigh (`DrafterBase._depth_weights`): "decay",
+    # "until-fail" (Accept-Until-Fail) or "dpace" (expected accepted length's gradient)
     token_conditioned: bool = False  # cascade only: layer i+1 also reads the embedding of depth i's top-1 draft
     token_source: str = "draft"  # what token_conditioned layers read in training: "draft", depth i's own top-1;
     # "true", the sequence's own token there (what the deeper targets are conditioned on, and on the target's

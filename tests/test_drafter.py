@@ -114,6 +114,60 @@ def test_hard_targets_score_the_teachers_top_token_alone(tiny):
     assert float(loss) == pytest.approx(float(want), rel=1e-4)
 
 
+def test_until_fail_and_dpace_weigh_each_chain_by_what_it_would_accept(tiny):
+    """`loss_weights`: "until-fail" counts depth i at t only while depths 1..i-1 there drafted the teacher's top-1
+    (a depth not counted there does not stop the chain); "dpace" weighs depth i by sum_{k>=i} prod_{j<=k} q_j
+    (q the floored probability of the teacher's top-1; 1 where a depth is not counted), scaled to a mean of 1.
+    Both recomputed here by hand from each depth's own outputs."""
+    d = make(tiny)
+    B, L, K = 2, 14, 2
+    ids = torch.randint(4, TINY_VOCAB, (B, L))
+    f = features(tiny, ids, d.cfg.feature_layers)
+    mask = torch.ones(B, L)
+    mask[:, :4] = 0
+    mask[1, 9] = 0  # a hole: depth i at t = 8 - i is not counted in row 1
+    with torch.no_grad():
+        outs = d.hidden(f[:, :-1], ids[:, 1:], torch.arange(L - 1)[None].expand(B, -1))
+        logp = [torch.log_softmax(d.head(o, i), -1) for i, o in enumerate(outs, start=1)]
+    t_ids = torch.randint(4, TINY_VOCAB, (B, L, K))
+    for i in (1, 2):  # the teacher agrees with depths 1 and 2's argmax at about half the positions
+        agree = torch.rand(B, L - 1 - i) < 0.5
+        top = d.vocab_ids[logp[i - 1][:, :L - 1 - i].argmax(-1)]
+        t_ids[:, i:L - 1, 0] = torch.where(agree, top, t_ids[:, i:L - 1, 0])
+    t_p = torch.tensor([0.75, 0.25]).expand(B, L, K).clone()
+    grid = (B, L - 2)  # every position t of depth 1
+
+    def padded(x, fill):
+        return torch.cat([x, torch.full((B, grid[1] - x.shape[1]), fill, dtype=x.dtype)], 1)
+
+    ce, hit, q, counted = [], [], [], []
+    for i in range(1, N + 1):
+        n = L - 1 - i
+        lp, tgt = logp[i - 1][:, :n], d.to_draft_ids(t_ids[:, i:i + n])
+        ce.append(padded(-(0.75 * lp.gather(-1, tgt[..., :1]) + 0.25 * lp.gather(-1, tgt[..., 1:]))[..., 0], 0.0))
+        hit.append(padded(lp.argmax(-1) == tgt[..., 0], False))
+        q.append(padded(lp.gather(-1, tgt[..., :1])[..., 0].exp().clamp_min(d.DPACE_FLOOR), 1.0))
+        counted.append(padded(mask[:, i + 1:i + 1 + n].bool(), False))
+    alive, until_fail = torch.ones(grid, dtype=torch.bool), 0.0
+    for c, h, m in zip(ce, hit, counted):
+        until_fail += (alive[m].float() * c[m]).mean()
+        alive &= h | ~m
+    q = [torch.where(m, x, torch.ones(())) for x, m in zip(q, counted)]
+    prefix = [torch.stack(q[:k + 1]).prod(0) for k in range(N)]
+    w = [sum(prefix[i:]) for i in range(N)]
+    scale = torch.cat([x[m] for x, m in zip(w, counted)]).mean()
+    dpace = sum((x[m] / scale * c[m]).mean() for x, c, m in zip(w, ce, counted))
+    got = {}
+    with torch.no_grad():
+        for scheme in ("decay", "until-fail", "dpace"):
+            d.cfg.loss_weights = scheme
+            got[scheme] = float(d.loss(f, ids, mask, t_ids, t_p)[0])
+    assert got["until-fail"] == pytest.approx(float(until_fail), rel=1e-4)
+    assert got["dpace"] == pytest.approx(float(dpace), rel=1e-4)
+    assert not bool(alive.all())  # some chains broke, so their deeper depths weighed nothing:
+    assert got["until-fail"] < sum(float(c[m].mean()) for c, m in zip(ce, counted))
+
+
 def test_recomputed_loss_gives_the_same_loss_and_gradients(tiny):
     """A big head's loss recomputes each depth's logits in the backward (memory, not math): same
     loss, same stats, same gradients as keeping them."""

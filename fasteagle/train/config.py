@@ -52,6 +52,8 @@ class TrainConfig:
     intermediate: int = 768
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
     loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
+    loss_weights: str = "decay"  # decay (loss_decay ** (i-1)), until-fail (Accept-Until-Fail) or dpace (D-PACE's
+    # expected accepted length gradient): `DrafterBase._depth_weights`; continuing a drafter, this run's applies
     token_conditioned: bool = False  # fasteagle: each layer also reads the token the layer before drafted
     token_source: str = "draft"  # that token in training: "draft" (its own top-1) or "true" (the sequence's)
     current_token: bool = False  # fasteagle: each row also reads its own token (`DrafterConfig.current_token`);
@@ -134,6 +136,7 @@ _RANGES = ({n: (1, "at least 1") for n in _AT_LEAST_1} | {n: (0, "at least 0") f
 _OPTIONAL = ("max_steps", "limit", "minutes", "distill_minutes", "shard_mb", "distill_batches")  # None: no such limit
 _CHOICES = {"features": ("online", "cache"), "drafter": ("fasteagle", "eagle3", "dflash", "peagle"),
             "layout": ("eagle3", "proj"), "distill_engine": ("ours", "vllm"), "loss_targets": ("soft", "hard"),
+            "loss_weights": ("decay", "until-fail", "dpace"),
             "token_source": ("draft", "true"),
             "mixed_precision": ("auto", "bf16", "no"), "schedule": ("cosine", "constant")}
 

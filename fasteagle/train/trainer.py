@@ -143,6 +143,7 @@ def start(cfg: TrainConfig, target=None) -> Run:
         raise FastEagleError(f"topk must be at most the target's vocabulary ({vocab_size} tokens), not {cfg.topk}")
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
                                     loss_decay=cfg.loss_decay, loss_targets=cfg.loss_targets,
+                                    loss_weights=cfg.loss_weights,
                                     token_conditioned=cfg.token_conditioned and cfg.drafter == "fasteagle",
                                     token_source=cfg.token_source if cfg.drafter == "fasteagle" else "draft",
                                     current_token=cfg.current_token and cfg.drafter == "fasteagle",
@@ -342,6 +343,7 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
         if drafter.cfg.kind != dcfg.kind:
             raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
         accel.print(f"continuing from {cfg.init_from} ({before['steps_all']} steps)")
+        drafter.cfg.loss_weights = cfg.loss_weights  # a loss switch applies to the drafter it continues
         if drafter.cfg.kind == "eagle3" and drafter.cfg.layout != dcfg.layout == "eagle3":
             accel.print("moving it to EAGLE-3's layout (layer 0 reads [embed; hidden]; training goes on from there)")
             drafter = drafter.to_eagle3_layout()
