@@ -32,8 +32,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
 from fasteagle.draftbase import DrafterBase, reuse_cache
 from fasteagle.draftconfig import DrafterConfig
-from fasteagle.drafter import _layer_top
-from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree
+from fasteagle.tree import DEFAULT_TREE_SHAPE, DraftTree
 
 ARCHITECTURE = "DFlashDraftModel"  # the name vLLM's registry maps to its Qwen3 DFlash drafter
 ANCHOR_CHUNK = 256  # training: anchors (blocks) per attention call; bounds the scores' memory on long replies
@@ -200,9 +199,4 @@ class DFlashDrafter(DrafterBase):
     def draft(self, root: int) -> DraftTree:
         """The product tree over the block's per-depth candidates (the cascade's builder), from a block of as
         many masks as the tree can use (a chain of k: vLLM's k)."""
-        probs = self.depth_probs(root, self.draft_depths)
-        ks = self.depth_ks(probs.shape[0])
-        top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
-        ids = self.vocab_ids[top_i]
-        self.inner_passes, self.layer_top = [], _layer_top(ids, top_p)
-        return TREE_BUILDERS[self.tree_shape](root, ids, top_p, ks, self.tree_budget)
+        return self.one_pass_tree(root, self.depth_probs(root, self.draft_depths))

@@ -31,6 +31,7 @@ from fasteagle.files import atomic_path, write_text
 from fasteagle.fused import FusedLayer
 from fasteagle.kvcache import KVCache
 from fasteagle.packing import PackedLinear, WeightCopy, copy_class, pack_linears
+from fasteagle.tree import TREE_BUILDERS, DraftTree
 
 COMPACT_VOCAB_KEY = "compact_vocab_ids"  # the tensor in model.safetensors that holds `compact_vocab`
 
@@ -263,6 +264,16 @@ class DrafterBase(nn.Module):
     def depth_ks(self, n: int) -> list[int] | int:
         """top-k per depth for a tree over n depths (an int: the same at every depth)."""
         return self.tree_k if isinstance(self.tree_k, int) else (list(self.tree_k) + [1] * n)[:n]
+
+    def one_pass_tree(self, root: int, probs: torch.Tensor) -> DraftTree:
+        """The tree of `tree_shape` (the product tree by default) over each depth's top-k of `probs` (depths,
+        V_draft): a drafter whose one forward gives every depth a distribution that does not depend on the path
+        drafted (DFlash, parallel EAGLE; the cascade's dynamic step too)."""
+        ks = self.depth_ks(probs.shape[0])
+        top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
+        ids = self.vocab_ids[top_i]
+        self.inner_passes, self.layer_top = [], layer_top(ids, top_p)
+        return TREE_BUILDERS[self.tree_shape](root, ids, top_p, ks, self.tree_budget)
 
     # -- network --------------------------------------------------------------------------------
     def attach(self, target_model: nn.Module, check: bool = True) -> DrafterBase:
@@ -564,6 +575,13 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
         raise FastEagleError(f"the drafter weights {file} are corrupt or truncated ({exc}); copy them again or "
                              "train the drafter again") from None
 
+
+
+def layer_top(ids: torch.Tensor, probs: torch.Tensor) -> list[list[list]]:
+    """Each layer's candidates, [[token id, prob], ...] per depth best first, from the (N, k) top-k lists
+    the tree was built from: the stage shows the best few, the what-if model (`fasteagle.whatif`)
+    rebuilds from all of them the tree any budget would have drafted. Four significant digits."""
+    return [[[t, float(f"{p:.4g}")] for t, p in zip(i, q)] for i, q in zip(ids.tolist(), probs.float().tolist())]
 
 
 def reuse_cache(cache: KVCache | None, layers: int, capacity: int, dtype: torch.dtype,

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasteagle.draftbase import DrafterBase, reuse_cache
+from fasteagle.draftbase import DrafterBase, layer_top, reuse_cache
 from fasteagle.draftconfig import DrafterConfig
 from fasteagle.draftgraph import DraftStep, device_tree_wanted, graphs_wanted
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors, limit_to_window
@@ -191,19 +191,9 @@ class CascadedDrafter(DrafterBase):
         if step is not None and step.topk is not None and step.k >= k:
             # the step's top-k came with it: one copy to the host, the tree built there and sent back
             top = step.topk[:, :, :k].cpu()
-            self.layer_top = _layer_top(top[1].long(), top[0])
+            self.layer_top = layer_top(top[1].long(), top[0])
             return build(root, top[1].long(), top[0], ks, self.tree_budget).to(last.device)
-        top_p, top_i = self.depth_probs().topk(k, -1)
-        ids = self.vocab_ids[top_i]
-        self.layer_top = _layer_top(ids, top_p)
-        return build(root, ids, top_p, ks, self.tree_budget)
-
-
-def _layer_top(ids: torch.Tensor, probs: torch.Tensor) -> list[list[list]]:
-    """Each layer's candidates, [[token id, prob], ...] per depth best first, from the (N, k) top-k lists
-    the tree was built from: the stage shows the best few, the what-if model (`fasteagle.whatif`)
-    rebuilds from all of them the tree any budget would have drafted. Four significant digits."""
-    return [[[t, float(f"{p:.4g}")] for t, p in zip(i, q)] for i, q in zip(ids.tolist(), probs.float().tolist())]
+        return self.one_pass_tree(root, self.depth_probs())
 
 
 class CascadeState:

@@ -22,10 +22,9 @@ from torch import nn
 from transformers import DynamicCache
 
 from fasteagle.draftconfig import DrafterConfig
-from fasteagle.drafter import _layer_top
 from fasteagle.eagle3 import AutoregressiveDrafter
 from fasteagle.kvcache import attention_mask, causal_ancestors
-from fasteagle.tree import DEFAULT_TREE_SHAPE, TREE_BUILDERS, DraftTree
+from fasteagle.tree import DEFAULT_TREE_SHAPE, DraftTree
 
 ANCHOR_CHUNK = 256  # training: blocks per attention call; bounds the scores' memory on long replies
 
@@ -117,9 +116,4 @@ class ParallelEagleDrafter(AutoregressiveDrafter):
     def draft(self, root: int) -> DraftTree:
         """The product tree over each depth's candidates (the cascade's builder), from as many mask rows as
         the tree can use (a chain of k: vLLM's k)."""
-        probs = self.depth_probs(root, self.draft_depths)
-        ks = self.depth_ks(probs.shape[0])
-        top_p, top_i = probs.topk(ks if isinstance(ks, int) else max(ks), -1)
-        ids = self.vocab_ids[top_i]
-        self.inner_passes, self.layer_top = [], _layer_top(ids, top_p)
-        return TREE_BUILDERS[self.tree_shape](root, ids, top_p, ks, self.tree_budget)
+        return self.one_pass_tree(root, self.depth_probs(root, self.draft_depths))

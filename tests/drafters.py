@@ -242,3 +242,70 @@ def steer(drafter, reference: list[int], corrupt: float = 0.25, seed: int = 0):
 
         drafter.depth_probs = depth_probs
     return drafter
+
+
+def check_block_loss(d, feats: torch.Tensor, ids: torch.Tensor, param: torch.nn.Parameter) -> None:
+    """A drafter that runs its blocks only where a token counts (`BLOCKS`: DFlash, parallel EAGLE), on rows `ids`
+    (2, 24) with target features `feats`: that loss equals the loss with a block at every position, reports every
+    depth, and 30 steps of Adam on it halve it, reaching `param` (the mask row)."""
+    d.train()
+    mask = torch.zeros(2, 24)
+    mask[0, 10:] = 1
+    mask[1, 16:22] = 1  # a reply that ends before the row does
+    t_ids = torch.randint(4, int(ids.max()) + 1, (2, 24, 3))
+    t_p = torch.softmax(torch.randn(2, 24, 3), -1)
+    loss, stats = d.loss(feats, ids, mask, t_ids, t_p)
+    d.BLOCKS = False  # every position's block: the same loss
+    try:
+        everywhere, _ = d.loss(feats, ids, mask, t_ids, t_p)
+    finally:
+        del d.BLOCKS
+    torch.testing.assert_close(loss, everywhere)
+    assert {f"acc{i}" for i in range(1, d.num_depths + 1)} <= set(stats)
+    opt = torch.optim.Adam(d.parameters(), lr=3e-3)
+    first = float(loss.detach())
+    for _ in range(30):
+        loss, _ = d.loss(feats, ids, mask, t_ids, t_p)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss.detach()) < 0.5 * first
+    assert param.grad is not None and bool(param.grad.abs().sum() > 0)
+
+
+def features(target, ids: torch.Tensor, layers) -> torch.Tensor:
+    """The target's hidden states at `layers` for rows `ids`, concatenated: what a drafter trains on."""
+    with torch.no_grad():
+        out = target.model(input_ids=ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i] for i in layers], -1)
+
+
+def check_blocks_read_only_before_their_anchor(target, d, vocab: int) -> None:
+    """Every depth's teacher-forced output at position t (a block anchored there) reads features 0..t and
+    tokens up to t+1 only: changing those after position 9 changes nothing before it, and something after."""
+    ids = torch.randint(4, vocab, (1, 16))
+    f = features(target, ids, d.cfg.feature_layers)
+    with torch.no_grad():
+        a = d.depth_outputs(f[:, :-1], ids[:, 1:])
+        f2, ids2 = f.clone(), ids.clone()
+        f2[:, 9:] += torch.randn_like(f2[:, 9:])  # features 9.. and tokens 10.. change
+        ids2[:, 10:] = torch.randint(4, vocab, (1, 6))
+        b = d.depth_outputs(f2[:, :-1], ids2[:, 1:])
+    assert len(a) == d.num_depths and all(o.shape == (1, 15, d.cfg.width) for o in a)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x[:, :9], y[:, :9])
+        assert not torch.allclose(x[:, 9:], y[:, 9:])
+
+
+def check_lossless(target, d, vocab: int) -> list:
+    """Greedy decoding with `d` gives vanilla's output both as it drafts (an untrained drafter's drafts are
+    rejected) and steered to the reply (its layers, cache and tree still its own), where deep paths are accepted;
+    the steered run's traces are returned."""
+    from fasteagle.generate import run
+
+    ids = torch.randint(4, vocab, (10,))
+    want, _ = run(target, ids, max_new_tokens=30)
+    assert run(target, ids, drafter=d, max_new_tokens=30)[0] == want
+    got, traces = run(target, ids, drafter=steer(d, want), max_new_tokens=30)
+    assert got == want and traces[-1].tau > 2.0
+    return traces

@@ -1,7 +1,6 @@
-"""The DFlash drafter: a block sees only the context before its anchor and its own rows, drafting after
-`extend` equals the teacher-forced forward it trains with, the loss computes blocks only where a token counts,
-save/load and the method registry, greedy losslessness, and the checkpoint stock vLLM reads (names and config
-as `vllm/model_executor/models/qwen3_dflash.py` loads them)."""
+"""The DFlash drafter: drafting after `extend` equals the teacher-forced forward it trains with, and the
+checkpoint stock vLLM reads (names and config as `vllm/model_executor/models/qwen3_dflash.py` loads them).
+What it shares with parallel EAGLE is tested in test_block_drafters.py."""
 
 from __future__ import annotations
 
@@ -15,10 +14,9 @@ from fasteagle import dflash, eagle3_format
 from fasteagle.dflash import DFlashDrafter
 from fasteagle.draftconfig import DrafterConfig
 from fasteagle.errors import FastEagleError
-from fasteagle.generate import run
-from fasteagle.methods import Settings, build, drafter_kind, load_drafter
+from fasteagle.methods import load_drafter
 from tests.conftest import TINY_VOCAB
-from tests.drafters import steer
+from tests.drafters import features
 
 K = 4
 
@@ -28,28 +26,6 @@ def make(target, depth: int = K, layers: int = 2) -> DFlashDrafter:
     cfg = DrafterConfig.for_target(target.model, target.name, num_layers=layers, intermediate=96, feature_layers=[1, 2])
     cfg = DFlashDrafter.config_for(cfg, depth, mask_token_id=3)
     return DFlashDrafter(cfg).attach(target.model).eval()
-
-
-def features(target, ids: torch.Tensor, layers) -> torch.Tensor:
-    with torch.no_grad():
-        out = target.model(input_ids=ids, output_hidden_states=True)
-    return torch.cat([out.hidden_states[i] for i in layers], -1)
-
-
-def test_a_block_reads_the_context_before_its_anchor_and_nothing_after(tiny):
-    d = make(tiny)
-    ids = torch.randint(4, TINY_VOCAB, (1, 16))
-    f = features(tiny, ids, d.cfg.feature_layers)
-    with torch.no_grad():
-        a = d.depth_outputs(f[:, :-1], ids[:, 1:])
-        f2, ids2 = f.clone(), ids.clone()
-        f2[:, 9:] += torch.randn_like(f2[:, 9:])  # features 9.. and tokens 10.. change
-        ids2[:, 10:] = torch.randint(4, TINY_VOCAB, (1, 6))
-        b = d.depth_outputs(f2[:, :-1], ids2[:, 1:])
-    assert len(a) == K and all(o.shape == (1, 15, d.cfg.width) for o in a)
-    for x, y in zip(a, b):  # the block at t reads features 0..t and token t+1 only
-        torch.testing.assert_close(x[:, :9], y[:, :9])
-        assert not torch.allclose(x[:, 9:], y[:, 9:])
 
 
 def test_drafting_after_extend_is_the_forward_it_trains_with(tiny, monkeypatch):
@@ -71,62 +47,6 @@ def test_drafting_after_extend_is_the_forward_it_trains_with(tiny, monkeypatch):
     got = d.depth_probs(int(ids[0, 13]))  # the block anchored at 13: full's position 12
     want = torch.stack([d.head(o[0, 12], 1).float().softmax(-1) for o in full])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-
-
-def test_the_loss_runs_blocks_only_where_a_token_counts_and_trains(tiny):
-    d = make(tiny)
-    d.train()
-    ids = torch.randint(4, TINY_VOCAB, (2, 24))
-    f = features(tiny, ids, d.cfg.feature_layers)
-    mask = torch.zeros(2, 24)
-    mask[0, 10:] = 1
-    mask[1, 16:22] = 1  # a reply that ends before the row does
-    t_ids = torch.randint(4, TINY_VOCAB, (2, 24, 3))
-    t_p = torch.softmax(torch.randn(2, 24, 3), -1)
-    loss, stats = d.loss(f, ids, mask, t_ids, t_p)
-    DFlashDrafter.BLOCKS = False  # every position's block: the same loss
-    try:
-        everywhere, _ = d.loss(f, ids, mask, t_ids, t_p)
-    finally:
-        DFlashDrafter.BLOCKS = True
-    torch.testing.assert_close(loss, everywhere)
-    assert {f"acc{i}" for i in range(1, K + 1)} <= set(stats)
-    opt = torch.optim.Adam(d.parameters(), lr=3e-3)
-    first = float(loss.detach())
-    for _ in range(30):
-        loss, _ = d.loss(f, ids, mask, t_ids, t_p)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert float(loss.detach()) < 0.5 * first
-    assert d.mask_embedding.grad is not None and bool(d.mask_embedding.grad.abs().sum() > 0)
-
-
-@pytest.mark.parametrize("k,budget", [(1, 4), (3, 12)])
-def test_dflash_decoding_is_lossless(tiny, k, budget):
-    """Untrained, its drafts are rejected; steered to the reply (its layers, cache and tree still its own),
-    deep paths are accepted: both give vanilla's output."""
-    d = make(tiny)
-    d.tree_k, d.tree_budget = k, budget
-    ids = torch.randint(4, TINY_VOCAB, (10,))
-    want, _ = run(tiny, ids, max_new_tokens=30)
-    assert run(tiny, ids, drafter=d, max_new_tokens=30)[0] == want
-    got, traces = run(tiny, ids, drafter=steer(d, want), max_new_tokens=30)
-    assert got == want and traces[-1].tau > 2.0
-    assert max(len(t.tree["tokens"]) for t in traces[1:]) <= budget
-
-
-def test_it_saves_loads_and_decodes_as_a_method(tiny, tmp_path):
-    d = make(tiny)
-    d.save(tmp_path / "dflash")
-    assert drafter_kind(tmp_path / "dflash") == "dflash"
-    back = load_drafter(tmp_path / "dflash", tiny.model)
-    for (name, a), b in zip(d.state_dict().items(), back.state_dict().values()):
-        torch.testing.assert_close(a.float(), b.float(), atol=1e-3, rtol=1e-3, msg=name)
-    m = build("dflash", tiny, Settings(dflash_drafter=tmp_path / "dflash", tree_budget=5))
-    assert isinstance(m, DFlashDrafter) and m.tree_budget == 5
-    ids = torch.randint(4, TINY_VOCAB, (10,))
-    assert run(tiny, ids, drafter=m, max_new_tokens=12)[0] == run(tiny, ids, max_new_tokens=12)[0]
 
 
 def test_export_writes_what_vllms_dflash_loader_reads(tiny, tmp_path):

@@ -13,7 +13,7 @@ from fasteagle.errors import FastEagleError
 from fasteagle.generate import run
 from fasteagle.methods import load_drafter
 from tests.conftest import TINY_VOCAB, tiny_target
-from tests.drafters import steer
+from tests.drafters import check_lossless, features, steer
 
 N = 4
 
@@ -22,12 +22,6 @@ def make(target, **kw) -> CascadedDrafter:
     torch.manual_seed(0)
     cfg = DrafterConfig.for_target(target.model, target.name, num_layers=N, intermediate=96, **kw)
     return CascadedDrafter(cfg).attach(target.model).eval()
-
-
-def features(target, ids: torch.Tensor, layers) -> torch.Tensor:
-    with torch.no_grad():
-        out = target.model(input_ids=ids, output_hidden_states=True)
-    return torch.cat([out.hidden_states[i] for i in layers], -1)
 
 
 def test_config_reads_the_target(tiny):
@@ -308,11 +302,7 @@ def test_a_token_conditioned_cascade_is_lossless(tiny, k, budget):
     for lin in d.tok_fc:
         torch.nn.init.normal_(lin.weight, 0, 0.5)
     d.tree_k, d.tree_budget = k, budget
-    ids = torch.randint(4, TINY_VOCAB, (10,))
-    want, _ = run(tiny, ids, max_new_tokens=30)
-    assert run(tiny, ids, drafter=d, max_new_tokens=30)[0] == want
-    got, traces = run(tiny, ids, drafter=steer(d, want), max_new_tokens=30)
-    assert got == want and traces[-1].tau > 2.0
+    check_lossless(tiny, d, TINY_VOCAB)
 
 
 def test_a_current_token_cascade_grows_from_a_plain_one_and_reads_each_rows_token(tiny, tmp_path):

@@ -424,49 +424,26 @@ def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32(monkeypatch, capsys):
     assert mixed_precision(TrainConfig(out="x", device="cpu")) == "no"
 
 
-def test_a_parallel_eagle_drafter_trains_and_then_accepts(tiny, tmp_path):
-    """`drafter="peagle"`: its mask rows learn deeper tokens (loss down, replayed holdout tau up), its mask id is
-    one no training reply holds, and it decodes losslessly."""
-    from fasteagle.peagle import ParallelEagleDrafter
+@pytest.mark.parametrize("kind,layers", [("dflash", 2), ("peagle", 1)])
+def test_a_block_drafter_trains_on_blocks_and_then_accepts(tiny, tmp_path, kind, layers):
+    """`drafter="dflash"` and `"peagle"`: blocks anchored at the reply's positions lower the loss and raise the
+    replayed holdout tau; the mask id is one no training reply holds (vLLM knows DFlash's mask rows by it), and
+    the drafter decodes losslessly."""
+    from fasteagle.methods import load_drafter
 
     train_data = self_written(tiny, 24, seed=1)
     save_token_dataset(train_data, tmp_path / "train.pt")
     save_token_dataset(self_written(tiny, 6, seed=2), tmp_path / "holdout.pt")
-    cfg = TrainConfig(out=str(tmp_path / "peagle"), data=str(tmp_path / "train.pt"), drafter="peagle", depth=3,
-                      holdout_data=str(tmp_path / "holdout.pt"), intermediate=96, topk=8, batch_tokens=400,
-                      max_steps=120, warmup=5, lr=3e-3, eval_sequences=6, device="cpu")
-    out = train(cfg, target=tiny)
-    history = json.loads((out / "history.json").read_text())
-    assert history[-1]["loss"] < 0.7 * history[0]["loss"]
-    ev = json.loads((out / "eval.json").read_text())
-    assert ev["holdout"]["tau_replay"]["product"] > ev["holdout_initial"]["tau_replay"]["product"] + 0.3
-    drafter = ParallelEagleDrafter.load(out, tiny.model)
-    assert drafter.cfg.depth == 3 and drafter.cfg.layout == "eagle3"
-    assert all(drafter.cfg.mask_token_id not in ids[6:] for ids in train_data["input_ids"])
-    prompt = torch.tensor(load_token_dataset(tmp_path / "holdout.pt")["prompt_ids"][0])
-    want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
-    got, traces = run(tiny, prompt, drafter=drafter, max_new_tokens=30, stop_ids=set())
-    assert got == want and traces[-1].tau > 1.2
-
-
-def test_a_dflash_drafter_trains_on_blocks_and_then_accepts(tiny, tmp_path):
-    """`drafter="dflash"`: blocks anchored at the reply's positions lower the loss and raise the replayed holdout
-    tau; its mask id is one no training reply holds (vLLM knows mask rows by it), and it decodes losslessly."""
-    from fasteagle.dflash import DFlashDrafter
-
-    train_data = self_written(tiny, 24, seed=1)
-    save_token_dataset(train_data, tmp_path / "train.pt")
-    save_token_dataset(self_written(tiny, 6, seed=2), tmp_path / "holdout.pt")
-    cfg = TrainConfig(out=str(tmp_path / "dflash"), data=str(tmp_path / "train.pt"), drafter="dflash", depth=3,
-                      holdout_data=str(tmp_path / "holdout.pt"), num_layers=2, intermediate=96, topk=8,
+    cfg = TrainConfig(out=str(tmp_path / kind), data=str(tmp_path / "train.pt"), drafter=kind, depth=3,
+                      holdout_data=str(tmp_path / "holdout.pt"), num_layers=layers, intermediate=96, topk=8,
                       batch_tokens=400, max_steps=120, warmup=5, lr=3e-3, eval_sequences=6, device="cpu")
     out = train(cfg, target=tiny)
     history = json.loads((out / "history.json").read_text())
     assert history[-1]["loss"] < 0.7 * history[0]["loss"]
     ev = json.loads((out / "eval.json").read_text())
     assert ev["holdout"]["tau_replay"]["product"] > ev["holdout_initial"]["tau_replay"]["product"] + 0.3
-    drafter = DFlashDrafter.load(out, tiny.model)
-    assert drafter.cfg.depth == 3 and len(drafter.layers) == 2
+    drafter = load_drafter(out, tiny.model, kind=kind)
+    assert drafter.cfg.depth == 3 and len(drafter.layers) == layers
     assert all(drafter.cfg.mask_token_id not in ids[6:] for ids in train_data["input_ids"])
     prompt = torch.tensor(load_token_dataset(tmp_path / "holdout.pt")["prompt_ids"][0])
     want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
