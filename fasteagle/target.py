@@ -78,8 +78,13 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     """transformers' SDPA attention, but grouped KV heads go to torch as they are (`enable_gqa`) under a
     mask too. transformers repeats them whenever a mask is given, because CUDA's fast kernels take no
     mask with GQA; the CPU kernel takes both, so there the repeat is only a copy of every layer's whole
-    prefix per tree forward (docs/design.md, "Attention without copies"). Same numbers, bit for bit."""
+    prefix per tree forward (docs/design.md, "Attention without copies"). A tree forward (several queries
+    under a mask) goes further, as on a GPU: each KV head's query heads folded into the query length
+    (`grouped_sdpa`), one bigger product per KV head instead of one per query head. Same numbers, bit for
+    bit."""
     if attention_mask is not None:
+        if query.shape[2] > 1 and query.shape[1] != key.shape[1] and attention_mask.shape[1] == 1:
+            return grouped_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(

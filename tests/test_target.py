@@ -124,18 +124,24 @@ def _agrees_with_stock_sdpa(exact: bool) -> None:
 
 def test_cpu_attention_passes_grouped_heads_and_gives_the_same_numbers(monkeypatch):
     """load_target runs CPU targets on `cpu_sdpa` (grouped KV heads to SDPA as they are, also under a
-    tree mask); trees, a causal prefill and HF generate with padding give what stock SDPA gives."""
+    tree mask, where a tree's query heads fold into its query length); trees, a causal prefill and HF generate
+    with padding give what stock SDPA gives, bit for bit."""
     from fasteagle import target as target_mod
 
-    calls, original = [], target_mod.cpu_sdpa
+    calls, original, folded, fold = [], target_mod.cpu_sdpa, [], target_mod.grouped_sdpa
 
     def counted(module, query, key, *args, **kwargs):
         calls.append(query.shape[1] != key.shape[1])  # grouped heads reached SDPA unrepeated
         return original(module, query, key, *args, **kwargs)
 
+    def counted_fold(module, query, *args, **kwargs):
+        folded.append(query.shape[2])
+        return fold(module, query, *args, **kwargs)
+
     monkeypatch.setattr(target_mod, "cpu_sdpa", counted)
+    monkeypatch.setattr(target_mod, "grouped_sdpa", counted_fold)
     _agrees_with_stock_sdpa(exact=True)
-    assert calls and all(calls)
+    assert calls and all(calls) and folded and min(folded) > 1  # trees folded, nothing else
 
 
 def test_gpu_attention_folds_grouped_heads_under_a_tree_mask(monkeypatch):
