@@ -17,6 +17,8 @@ follows, seeing the real rows up to its anchor and its own earlier rows, and mas
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -49,6 +51,21 @@ class ParallelEagleDrafter(AutoregressiveDrafter):
         base = super().config_for(base, depth)
         base.kind, base.mask_token_id = cls.KIND, mask_token_id
         return base
+
+    @classmethod
+    @torch.no_grad()
+    def from_eagle3(cls, drafter: AutoregressiveDrafter, mask_token_id: int) -> ParallelEagleDrafter:
+        """A parallel EAGLE drafter that starts from a trained EAGLE-3 one of layout "eagle3" (ours or an
+        imported checkpoint): the same layer, head and vocab, so its first depth drafts as that one did; only the
+        mask row (`mask_hidden`) is new, for training to go on from there."""
+        if drafter.cfg.layout != "eagle3":
+            raise ValueError("parallel EAGLE starts from EAGLE-3's own layout; move it there first")
+        cfg = replace(drafter.cfg, kind=cls.KIND, mask_token_id=mask_token_id)
+        new = cls(cfg).to(drafter.fc.weight.device)
+        new.load_state_dict(drafter.state_dict(), strict=False)  # all but mask_hidden
+        new.vocab_ids, new.compact_vocab = drafter.vocab_ids.clone(), drafter.compact_vocab
+        new.info, new._frozen = getattr(drafter, "info", {}), drafter._frozen
+        return new
 
     def mask_rows(self, n: int, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
         """n mask rows (1, n, W) at `positions` (1, n) through the layer, attending as `mask` allows."""

@@ -67,3 +67,19 @@ def test_export_writes_what_vllms_parallel_eagle3_path_reads(tiny, tmp_path):
         speculative_config("peagle", out, K + 1)
     back = eagle3_format.load(out, tiny.model)  # an EAGLE-3 checkpoint all the same: it drafts one token a pass
     assert back.cfg.kind == "eagle3"
+
+
+def test_it_starts_from_a_trained_eagle3_drafter_drafting_depth_1_as_that_one_did(tiny):
+    from fasteagle.eagle3 import AutoregressiveDrafter
+
+    torch.manual_seed(1)
+    cfg = DrafterConfig.for_target(tiny.model, tiny.name, num_layers=1, intermediate=96, feature_layers=[1, 2])
+    cfg.layout = "eagle3"
+    e3 = AutoregressiveDrafter(AutoregressiveDrafter.config_for(cfg, K)).attach(tiny.model).eval()
+    pe = ParallelEagleDrafter.from_eagle3(e3, mask_token_id=5).eval()
+    assert pe.cfg.kind == "peagle" and pe.cfg.mask_token_id == 5 and e3.cfg.kind == "eagle3"
+    ids = torch.randint(4, TINY_VOCAB, (1, 12))
+    f = features(tiny, ids, cfg.feature_layers)
+    with torch.no_grad():
+        first, first_e3 = pe.depth_outputs(f[:, :-1], ids[:, 1:])[0], e3.depth_outputs(f[:, :-1], ids[:, 1:])[0]
+    torch.testing.assert_close(first, first_e3)

@@ -328,6 +328,13 @@ def param_groups(drafter, cfg: TrainConfig) -> list[dict]:
     return [{"params": rest, "lr_scale": 1.0}] + ([{"params": cur, "lr_scale": cfg.current_token_lr}] if cur else [])
 
 
+def _mask_token_id(counts: torch.Tensor, vocab_size: int) -> int:
+    """A mask row's token id: one no training reply holds (vLLM knows a DFlash mask row by it, so a bonus token
+    must never be it)."""
+    unseen = (counts == 0).nonzero()[:, 0]
+    return int(unseen[0]) if unseen.numel() else vocab_size - 1
+
+
 def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]:
     """The drafter to train, attached to the target: --init-from's, grown to the asked MLP width and
     draft vocab, or a new one started from the target's top layers with the most frequent reply
@@ -340,6 +347,13 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
         t0 = drafter.info.get("training") or {}
         before = {"steps_all": t0.get("steps_all", t0.get("steps", 0)),
                   "train_minutes_all": t0.get("train_minutes_all", t0.get("train_minutes", 0.0))}
+        if drafter.cfg.kind == "eagle3" and dcfg.kind == "peagle":
+            from fasteagle.peagle import ParallelEagleDrafter
+
+            accel.print("drafting in parallel from here: its layer, head and vocab as they are, a new mask row")
+            if drafter.cfg.layout != "eagle3":
+                drafter = drafter.to_eagle3_layout()
+            drafter = ParallelEagleDrafter.from_eagle3(drafter, _mask_token_id(counts, dcfg.vocab_size))
         if drafter.cfg.kind != dcfg.kind:
             raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
         accel.print(f"continuing from {cfg.init_from} ({before['steps_all']} steps)")
@@ -358,9 +372,8 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
                         f"{min(cfg.draft_vocab, dcfg.vocab_size)} tokens")
             drafter.grow_vocab(cfg.draft_vocab, counts)
     else:
-        if dcfg.kind in ("dflash", "peagle"):  # vLLM knows a DFlash mask row by this id: never a bonus token
-            unseen = (counts == 0).nonzero()[:, 0]
-            dcfg.mask_token_id = int(unseen[0]) if unseen.numel() else dcfg.vocab_size - 1
+        if dcfg.kind in ("dflash", "peagle"):
+            dcfg.mask_token_id = _mask_token_id(counts, dcfg.vocab_size)
         drafter = run.drafter_cls(dcfg).attach(model)
         if cfg.init_from_target:
             drafter.init_from_target(model)

@@ -293,6 +293,24 @@ def test_continuing_with_a_larger_intermediate_widens_the_drafter(tiny, tmp_path
 
 
 
+def test_a_parallel_eagle_drafter_continues_a_trained_eagle3_one(tiny, tmp_path):
+    """`--drafter peagle --init-from` an EAGLE-3 drafter: its layer, head and vocab carry over (lr 0: depth 1's
+    holdout agreement is the same before and after), a mask row and mask id are added, and it saves as peagle."""
+    from fasteagle.peagle import ParallelEagleDrafter
+
+    data = self_written(tiny, 6, seed=7, new=20)
+    save_token_dataset(data, tmp_path / "d.pt")
+    kw = dict(data=str(tmp_path / "d.pt"), holdout_data=str(tmp_path / "d.pt"), topk=4, batch_tokens=200, warmup=2,
+              device="cpu", intermediate=64, depth=3, eval_sequences=4)
+    train(TrainConfig(out=str(tmp_path / "a"), drafter="eagle3", max_steps=3, **kw), target=tiny)
+    out = train(TrainConfig(out=str(tmp_path / "b"), drafter="peagle", init_from=str(tmp_path / "a"), lr=0.0,
+                            max_steps=2, **kw), target=tiny)
+    pe = ParallelEagleDrafter.load(out, tiny.model)
+    assert pe.cfg.kind == "peagle" and all(pe.cfg.mask_token_id not in ids[6:] for ids in data["input_ids"])
+    before, after = (json.loads((tmp_path / run / "eval.json").read_text())["holdout"] for run in "ab")
+    assert after["depth_top1_given_spine"][0] == before["depth_top1_given_spine"][0]  # depth 1: the EAGLE-3 layer's
+
+
 def test_continuing_with_current_token_grows_the_cascade_and_trains_its_new_columns(tiny, tmp_path):
     """`--init-from` a plain cascade with `current_token`: at lr 0 its function is unchanged (the holdout
     metrics before and after match); trained, its `cur_fc` moves, at `current_token_lr` times the others'
