@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from fasteagle.draftbase import DrafterBase, layer_top, reuse_cache
 from fasteagle.draftconfig import DrafterConfig
@@ -58,6 +59,10 @@ class CascadedDrafter(DrafterBase):
                                         for _ in range(cfg.num_layers - 1))
             for lin in self.tok_fc:
                 nn.init.zeros_(lin.weight)
+        # EAGLE 3.1's norms: each target feature normalized before fc (`fc_norm`), and each layer passing its
+        # normalized output, what its head reads, to the next (`norm_output`)
+        self.fc_norm = nn.ModuleList(LlamaRMSNorm(cfg.target_hidden, eps=cfg.rms_norm_eps)
+                                     for _ in cfg.feature_layers) if cfg.fc_norm else None
         # The tree keeps the budget's most probable paths whatever k is, so k only caps the choice; 32
         # accepts more than EAGLE's 10 at 60 nodes (docs/design.md), and small trees never reach k.
         self.tree_k = 32
@@ -107,6 +112,8 @@ class CascadedDrafter(DrafterBase):
             mask = attention_mask(causal_ancestors(n, next_ids.device), 0, feats.dtype)
             limit_to_window(mask, position_ids[0], self.attention_window)
         embed = self.embed(next_ids).to(feats.dtype)
+        if self.fc_norm is not None:
+            feats = torch.cat([n(c) for n, c in zip(self.fc_norm, feats.chunk(len(self.fc_norm), -1))], -1)
         x = self.fc(torch.cat([feats, embed], -1))
         if self.cfg.current_token:
             if cur_ids is None:
@@ -118,6 +125,8 @@ class CascadedDrafter(DrafterBase):
         for i in run:
             x = self.run_layer(i, x, position_ids, pe, mask, cache)
             outs.append(x)
+            if self.cfg.norm_output and i + 1 < len(run):
+                x = self.norms[i](x)
             if self.cfg.token_conditioned and i + 1 < len(run):
                 tok = self.top_token_embedding(x, i + 1) if depth_tokens is None else self.embed(depth_tokens[i])
                 x = x + self.tok_fc[i](tok.to(x.dtype))

@@ -274,7 +274,8 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     _write_weights(drafter, out, state)
     config = _config(cfg, ARCHITECTURE, drafter.vocab_ids.numel(), target_name) | {
         "mask_token_id": 0,  # any id: a mask row is also known by its zero hidden state (vllm_cascade)
-        "fasteagle_kind": "fasteagle"} | ({"token_conditioned": True} if cfg.token_conditioned else {})
+        "fasteagle_kind": "fasteagle"} | ({"token_conditioned": True} if cfg.token_conditioned else {}) | {
+        k: True for k in ("fc_norm", "norm_output") if getattr(cfg, k)}
     write_text(out / "config.json", json.dumps(config, indent=2))
     return out
 

@@ -18,6 +18,9 @@ A token-conditioned cascade (`token_conditioned` in its config) adds, before lay
 target's embedding of depth i's top-1 draft at that row: depth i's norm, the draft head's argmax, d2t
 to the target's id, as our engine's `CascadedDrafter.hidden` does. It is still one forward.
 
+With EAGLE 3.1's norms (`fc_norm`, `norm_output` in its config) `combine_hidden_states` normalizes each
+target feature before `fc` (mask_hidden's zeros stay zero), and layer i+1 reads depth i's normed output.
+
 vLLM imports this module only through `fasteagle.vllm_plugin`; `python -m fasteagle export` writes
 the checkpoint it loads (`fasteagle.eagle3_format.export`).
 """
@@ -85,6 +88,10 @@ class CascadeModel(nn.Module):
                              return_bias=False)
             for i in range(self.depths - 1)) if getattr(cfg, "token_conditioned", False) else None
         self.top_token = None  # token-conditioned: hidden (T, W) at depth i -> target ids (T,), set by the model
+        # EAGLE 3.1's norms: an RMSNorm per target feature before fc; each layer passing its normed output on
+        self.fc_norm = nn.ModuleList(RMSNorm(target, eps=cfg.rms_norm_eps) for _ in range(n_aux)) if getattr(
+            cfg, "fc_norm", False) else None
+        self.norm_output = getattr(cfg, "norm_output", False)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -97,6 +104,8 @@ class CascadeModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x, residual = layer(positions, x, residual)
             outs.append(x + residual)  # the layer's output (vLLM keeps the residual add for the next norm)
+            if self.norm_output and i + 1 < len(self.layers):
+                x, residual = self.norms[i](outs[-1]), None
             if self.tok_fc is not None and i + 1 < len(self.layers):  # + T_i(embed(top-1 of depth i))
                 x = x + self.tok_fc[i](self.embed_tokens(self.top_token(outs[-1], i)))
         stack = torch.stack(outs)  # (N, T, W)
@@ -162,6 +171,9 @@ class FastEagleCascadeForCausalLMEagle3(Eagle3LlamaForCausalLM):
         return ids if self.draft_id_to_target_id is None else ids + self.draft_id_to_target_id[ids]
 
     def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        norms = self.model.fc_norm
+        if norms is not None:  # mask_hidden (zeros) stays zero: a mask row is still known by it
+            hidden_states = torch.cat([n(c) for n, c in zip(norms, hidden_states.chunk(len(norms), -1))], -1)
         return self.model.fc(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

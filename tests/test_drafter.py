@@ -231,10 +231,15 @@ def test_draft_vocab_maps_back_to_target_ids(tiny):
     assert set(tree.tokens[1:].tolist()) <= set(range(200, 264))
 
 
-def test_incremental_extend_equals_a_full_forward(tiny):
+@pytest.mark.parametrize("norms", [{}, {"fc_norm": True, "norm_output": True}])
+def test_incremental_extend_equals_a_full_forward(tiny, norms):
     """Feeding the prefix in chunks through the per-layer KV caches gives the same last outputs
-    as one causal forward over everything."""
-    d = make(tiny)
+    as one causal forward over everything (with EAGLE 3.1's norms too)."""
+    d = make(tiny, **norms)
+    if norms:  # not the identity: each feature's norm and each passed output's norm act
+        assert len(d.fc_norm) == len(d.cfg.feature_layers)
+        for n in [*d.fc_norm, *d.norms]:
+            torch.nn.init.uniform_(n.weight, 0.5, 2.0)
     ids = torch.randint(4, TINY_VOCAB, (20,))
     f = features(tiny, ids[None], d.cfg.feature_layers)[0]
     nxt = 9
@@ -245,6 +250,20 @@ def test_incremental_extend_equals_a_full_forward(tiny):
     d.extend(ids[7:15], f[7:15], int(ids[15]))
     d.extend(ids[15:], f[15:], nxt)
     torch.testing.assert_close(d.last, torch.stack([o[0, -1] for o in full]), atol=1e-5, rtol=1e-4)
+
+
+def test_eagle31_norms_change_the_cascade_and_it_stays_lossless(tiny):
+    """`fc_norm` and `norm_output` change what every depth reads (not the same function as the plain cascade
+    from one seed), and greedy decoding with it, in both step modes, is vanilla's."""
+    plain, normed = make(tiny), make(tiny, fc_norm=True, norm_output=True)
+    ids = torch.randint(4, TINY_VOCAB, (1, 12))
+    f = features(tiny, ids, plain.cfg.feature_layers)
+    with torch.no_grad():
+        a, b = (d.hidden(f[:, :-1], ids[:, 1:], torch.arange(11)[None]) for d in (plain, normed))
+    assert all(not torch.allclose(x, y) for x, y in zip(a, b))
+    for mode in ("dynamic", "static"):
+        normed.step_mode, normed.tree_k, normed.tree_budget = mode, 3, 10
+        check_lossless(tiny, normed, TINY_VOCAB)
 
 
 @pytest.mark.parametrize("budget", [2, 3, 4])

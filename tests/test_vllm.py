@@ -46,6 +46,51 @@ def test_both_engines_write_what_plain_decoding_writes(engines):
             assert row["identical"] == PROMPTS, f"{method} in {engine}"
 
 
+def test_a_cascade_with_eagle31_norms_drafts_in_vllm_what_it_drafts_in_ours(smollm, tmp_path):
+    """The shipped cascade given EAGLE 3.1's norms runs in vLLM's one forward as in ours: same outputs, same
+    acceptance at each chain position. `fc_norm` normalizes each target feature (weights: its typical RMS) and
+    `norm_output` passes each layer's normed output on (depth norms scaled by the layer's typical RMS: the same
+    argmax at every head), so it still accepts at depths 1 and 2; an engine that skipped either would not."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from fasteagle.drafter import CascadedDrafter
+    from fasteagle.methods import DEFAULT_DRAFTER
+
+    folder = tmp_path / "normed"
+    shutil.copytree(DEFAULT_DRAFTER, folder)
+    d = CascadedDrafter.load(folder, smollm.model).float()
+    text = "The lighthouse keeper read the message twice, then she wrote back to the stranger who had sent it."
+    ids = smollm.tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        hs = smollm.model(input_ids=ids, output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i] for i in d.cfg.feature_layers], -1)
+        outs = d.hidden(feats[:, :-1], ids[:, 1:], torch.arange(ids.shape[1] - 1)[None])
+
+    def typical(x):  # the median row RMS past the first position (whose hidden states are outliers)
+        return float(x[0, 1:].pow(2).mean(-1).sqrt().median())
+
+    cfg = json.loads((folder / "config.json").read_text()) | {"fc_norm": True, "norm_output": True}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    state = load_file(folder / "model.safetensors")
+    for i, layer in enumerate(cfg["feature_layers"]):
+        state[f"fc_norm.{i}.weight"] = torch.full((cfg["target_hidden"],), typical(hs[layer]))
+    for i, h in enumerate(outs[:-1]):
+        state[f"norms.{i}.weight"] = (state[f"norms.{i}.weight"].float() * typical(h)).to(state[f"norms.{i}.weight"])
+    save_file(state, folder / "model.safetensors")
+    texts = [p["text"] for p in load_prompts(ROOT / "assets" / "prompts" / "sharegpt_holdout.jsonl", PROMPTS)]
+    got = compare_engines(smollm, Settings(drafter=folder), ["vanilla", "fasteagle"], texts, K, TOKENS, [1],
+                          None, None)["methods"]["fasteagle"]
+    ours, theirs = got["ours"], got["vllm"]
+    assert ours["identical"] == theirs["identical"] == PROMPTS
+    for i, (a, b) in enumerate(zip(ours["per_position"], theirs["per_position"]), start=1):
+        assert abs(a - b) <= 0.03, f"position {i}: ours {a:.3f}, vLLM {b:.3f}"
+    assert ours["per_position"][0] > 0.15 and ours["per_position"][1] > 0.03, ours["per_position"]
+
+
 @pytest.mark.parametrize("method", ["eagle3", "fasteagle-equal"])
 def test_vllm_accepts_what_ours_accepts_position_by_position(engines, method):
     ours, theirs = engines[method]["ours"], engines[method]["vllm"]

@@ -52,6 +52,8 @@ class TrainConfig:
     intermediate: int = 768
     loss_decay: float = 0.8  # layer i's loss weight = loss_decay ** (i - 1)
     loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
+    fc_norm: bool = False  # new cascade or EAGLE-3 drafter: an RMSNorm per target feature before fc (EAGLE 3.1)
+    norm_output: bool = False  # new cascade: each layer passes its normalized output to the next (EAGLE 3.1)
     loss_weights: str = "decay"  # decay (loss_decay ** (i-1)), until-fail (Accept-Until-Fail) or dpace (D-PACE's
     # expected accepted length gradient): `DrafterBase._depth_weights`; continuing a drafter, this run's applies
     token_conditioned: bool = False  # fasteagle: each layer also reads the token the layer before drafted
@@ -116,6 +118,10 @@ class TrainConfig:
         for name, choices in _CHOICES.items():
             if values[name] not in choices:
                 refuse(name, " or ".join(choices))
+        if self.norm_output and self.drafter != "fasteagle":
+            raise FastEagleError(f"norm_output is a cascade's switch (drafter fasteagle), not {self.drafter}'s")
+        if self.fc_norm and self.drafter not in ("fasteagle", "eagle3", "peagle"):
+            raise FastEagleError(f"fc_norm is for the cascade and EAGLE-3's layers, not {self.drafter}")
         if self.reuse_features and self.features != "cache":
             raise FastEagleError(f"--reuse-features needs --features cache, not {self.features!r}")
         if self.extra_data and (self.reuse_features or (self.distill and self.features == "cache")):

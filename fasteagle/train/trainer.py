@@ -143,7 +143,8 @@ def start(cfg: TrainConfig, target=None) -> Run:
         raise FastEagleError(f"topk must be at most the target's vocabulary ({vocab_size} tokens), not {cfg.topk}")
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
                                     loss_decay=cfg.loss_decay, loss_targets=cfg.loss_targets,
-                                    loss_weights=cfg.loss_weights,
+                                    loss_weights=cfg.loss_weights, fc_norm=cfg.fc_norm,
+                                    norm_output=cfg.norm_output,
                                     token_conditioned=cfg.token_conditioned and cfg.drafter == "fasteagle",
                                     token_source=cfg.token_source if cfg.drafter == "fasteagle" else "draft",
                                     current_token=cfg.current_token and cfg.drafter == "fasteagle",

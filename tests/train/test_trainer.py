@@ -467,3 +467,12 @@ def test_a_block_drafter_trains_on_blocks_and_then_accepts(tiny, tmp_path, kind,
     want, _ = run(tiny, prompt, max_new_tokens=30, stop_ids=set())
     got, traces = run(tiny, prompt, drafter=drafter, max_new_tokens=30, stop_ids=set())
     assert got == want and traces[-1].tau > 1.2
+
+
+def test_switches_a_drafter_kind_lacks_are_refused_before_anything_loads():
+    for settings, says in (({"drafter": "eagle3", "norm_output": True}, "norm_output is a cascade's switch"),
+                           ({"drafter": "dflash", "fc_norm": True}, "fc_norm is for the cascade"),
+                           ({"loss_weights": "uniform"}, "loss_weights")):
+        with pytest.raises(FastEagleError, match=says):
+            TrainConfig(out="x", **settings).check()
+    TrainConfig(out="x", fc_norm=True, norm_output=True, loss_weights="until-fail").check()
