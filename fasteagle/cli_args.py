@@ -122,17 +122,26 @@ def int_list(text: str, flag: str, minimum: int = 1) -> list[int]:
     return values
 
 
+def label_pairs(text: str | None, flag: str, value: str = "VALUE") -> list[tuple[str, str]]:
+    """A comma list of LABEL=VALUE pairs (empty entries dropped, spaces around each side stripped), refused in
+    one line where an entry lacks either side."""
+    out = []
+    for item in _names(text or ""):
+        label, _, found = item.partition("=")
+        label, found = label.strip(), found.strip()
+        if not label or not found:
+            raise FastEagleError(f"{flag} takes LABEL={value} pairs separated by commas (got {item!r})")
+        out.append((label, found))
+    return out
+
+
 def named_drafters(text: str | None) -> tuple[tuple[str, Path], ...]:
     """--drafters LABEL=FOLDER,...: trained drafters to time side by side as methods of their own labels (each
     decoded as the kind of drafter its folder holds)."""
     from fasteagle.methods import ALIASES, METHODS
 
     out = []
-    for item in _names(text or ""):
-        label, _, folder = item.partition("=")
-        label, folder = label.strip(), folder.strip()
-        if not label or not folder:
-            raise FastEagleError(f"--drafters takes LABEL=FOLDER pairs separated by commas (got {item!r})")
+    for label, folder in label_pairs(text, "--drafters", "FOLDER"):
         if label in METHODS or label in ALIASES or label in dict(out):
             raise FastEagleError(f"--drafters label {label!r} is already a method's name; choose another")
         if not (Path(folder) / "config.json").is_file():

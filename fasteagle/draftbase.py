@@ -428,7 +428,7 @@ class DrafterBase(nn.Module):
                 ce, correct, p_top = checkpoint(self._depth_loss, *args, use_reentrant=False)
             else:
                 ce, correct, p_top = self._depth_loss(*args)
-            per_depth.append((i, m, ce, correct & (hits >= 0), p_top * (hits >= 0)))
+            per_depth.append((i, m, ce, correct, p_top * (hits >= 0)))  # a teacher token outside: p 0, a miss
             stats[f"acc{i}"] = float(correct.float().mean())
             stats[f"loss{i}"] = float(ce.mean().detach())
         total = 0.0

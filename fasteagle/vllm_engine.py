@@ -112,8 +112,9 @@ def speculative_config(method: str, drafter: str | Path | None, k: int) -> dict 
 
 
 def _drafter_depth(drafter: str | Path) -> int | None:
-    """The depths a cascade or DFlash drafter we exported drafts in one forward (`fasteagle_depth`: its layers,
-    its block's masks), None where the folder does not say (an EAGLE-3 checkpoint drafts one per forward)."""
+    """The depths a drafter we exported drafts in one forward (`fasteagle_depth`: a cascade's layers, a DFlash
+    block's masks, parallel EAGLE's chain), None where the folder does not say (an EAGLE-3 checkpoint drafts one
+    per forward)."""
     import json
 
     config = Path(drafter) / "config.json"

@@ -18,6 +18,7 @@ EAGLE-3-style drafter (if the pair's second is one) as `eagle3`, every other dra
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -184,24 +185,27 @@ def _measured(method: str, doc: dict, budgets) -> dict:
 
 def report(recipe, out: Path, command: str) -> Path | None:
     """The side-by-side document, its table and its chart (OUT/side-by-side.json, or the spec's result)."""
-    from fasteagle.bench.plots import side_by_side_chart
-    from fasteagle.bench.reports import markdown_table
-
     s = spec(recipe)
     if s is None:
         return None
-    doc = collect(recipe, out, command)
-    path = Path(s.get("result") or out / "side-by-side.json")
+    return write_side_by_side(collect(recipe, out, command), Path(s.get("result") or out / "side-by-side.json"))
+
+
+def write_side_by_side(doc: dict, path: Path) -> Path:
+    """A side-by-side document at `path`, its Markdown table and its chart beside it; the table printed."""
+    from fasteagle.bench.plots import side_by_side_chart
+    from fasteagle.bench.reports import markdown_table
+
     write_text(path, json.dumps(doc, indent=2))
-    write_text(path.with_suffix(".md"), markdown_table(doc))
+    table = markdown_table(doc)
+    write_text(path.with_suffix(".md"), table)
     side_by_side_chart(doc, path.with_suffix(".html"))
-    print(markdown_table(doc))
+    print(table)
     print(f"wrote {path} (+ .md table, .html chart)")
     return path
 
 
 # -- a recipe of steps: its bench steps' results joined ------------------------------------------
-VLLM_METHOD = {"fasteagle": "fasteagle", "eagle3": "eagle3", "dflash": "dflash", "peagle": "peagle"}  # kind -> vLLM's
 
 
 def parser():
@@ -220,16 +224,6 @@ def parser():
     return p
 
 
-def _pairs(text: str, what: str) -> dict[str, str]:
-    out = {}
-    for item in filter(None, text.split(",")):
-        label, eq, value = item.partition("=")
-        if not eq or not label or not value:
-            raise FastEagleError(f"{what}: {item!r} is not LABEL=VALUE")
-        out[label] = value
-    return out
-
-
 def drafter_facts(folder: str | Path) -> dict:
     """A trained drafter's kind, trained parameters (its saved tensors; the target's shared embedding and head
     not among them) and what its training took (config.json's `training`)."""
@@ -243,17 +237,10 @@ def drafter_facts(folder: str | Path) -> dict:
     params = 0
     for file in sorted(folder.glob("model*.safetensors")):
         with safe_open(str(file), "pt") as f:
-            params += sum(_numel(f.get_slice(k).get_shape()) for k in f.keys() if k != "vocab_ids")
+            params += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != "vocab_ids")
     t = cfg.get("training") or {}
     return {"kind": cfg.get("kind", "fasteagle"), "folder": str(folder), "params": params,
             **{k: t.get(k) for k in ("steps", "tokens_trained", "train_minutes", "train_cpu_minutes")}}
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def join(ours: dict[str, str], vllm: dict[str, str], drafters: dict[str, str], command: str) -> dict:
@@ -263,39 +250,30 @@ def join(ours: dict[str, str], vllm: dict[str, str], drafters: dict[str, str], c
     from fasteagle.files import read_result
 
     facts = {label: drafter_facts(folder) for label, folder in drafters.items()}
-    table, device = {}, None
+    table, device, repeats = {}, None, set()
     for key, path in ours.items():
         p_label, slash, t_label = key.partition("/")
         if not slash:
             raise FastEagleError(f"--ours: {key!r} must be PROMPTS/TREE")
         doc = read_result(path)
         device = device or doc.get("device")
+        repeats |= {len(r.get("wall_s_runs") or [None]) for rows in doc["rows"].values() for r in rows}  # --repeats
         budgets = doc["settings"].get("tree_budget")
         table.setdefault(p_label, {})[t_label] = {
             "result": str(path), "command": doc.get("command"), "prompts": doc["methods"]["vanilla"]["prompts"],
             "methods": {m: _measured(m, doc, budgets) for m in ["vanilla", *facts] if m in doc["methods"]}}
+    by_method = {f["kind"]: name for name, f in facts.items()} | {"vanilla": "vanilla"}  # a kind is vLLM's method
+    keep = ("tokens_per_s", "spread", "speedup_vs_vanilla", "tau", "per_position", "identical_to_vanilla", "prompts")
     chains = {}
     for label, path in vllm.items():
         doc = read_result(path)
-        by_method = {VLLM_METHOD[f["kind"]]: name for name, f in facts.items()} | {"vanilla": "vanilla"}
-        keep = ("tokens_per_s", "spread", "speedup_vs_vanilla", "tau", "per_position", "identical_to_vanilla",
-                "prompts")
         chains[label] = {"k": doc["k"], "result": str(path), "command": doc.get("command"),
                          "batches": {b: {by_method[m]: {x: s.get(x) for x in keep} for m, s in run["methods"].items()
                                          if m in by_method} for b, run in doc["batches"].items()}}
     steps = {f["steps"] for f in facts.values()}
     return {"side_by_side": table, "vllm": chains, "drafter_facts": facts,
-            "steps": steps.pop() if len(steps) == 1 else None, "repeats": _repeats(ours),
+            "steps": steps.pop() if len(steps) == 1 else None, "repeats": repeats.pop() if len(repeats) == 1 else None,
             "device": device, "command": command}
-
-
-def _repeats(ours: dict[str, str]) -> int | None:
-    """How many times the results decoded each prompt by every method (None: not the same in all)."""
-    from fasteagle.files import read_result
-
-    found = {len(r.get("wall_s_runs") or [None]) for p in ours.values() for rows in read_result(p)["rows"].values()
-             for r in rows}  # each prompt's runs (--repeats)
-    return found.pop() if len(found) == 1 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,17 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "fasteagle.train.compare", *(argv if argv is not None else sys.argv[1:])])
 
     def go() -> int:
-        from fasteagle.bench.plots import side_by_side_chart
-        from fasteagle.bench.reports import markdown_table
+        from fasteagle.cli_args import label_pairs
 
-        doc = join(_pairs(args.ours, "--ours"), _pairs(args.vllm, "--vllm"), _pairs(args.drafters, "--drafters"),
-                   command)
-        path = Path(args.out)
-        write_text(path, json.dumps(doc, indent=2))
-        write_text(path.with_suffix(".md"), markdown_table(doc))
-        side_by_side_chart(doc, path.with_suffix(".html"))
-        print(markdown_table(doc))
-        print(f"wrote {path} (+ .md table, .html chart)")
+        pairs = {flag: dict(label_pairs(getattr(args, flag), f"--{flag}", value))
+                 for flag, value in (("ours", "RESULT"), ("vllm", "RESULT"), ("drafters", "FOLDER"))}
+        write_side_by_side(join(pairs["ours"], pairs["vllm"], pairs["drafters"], command), Path(args.out))
         return 0
 
     return run_command(go)

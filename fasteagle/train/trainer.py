@@ -348,20 +348,18 @@ def make_drafter(run: Run, counts: torch.Tensor) -> tuple[CascadedDrafter, dict]
         t0 = drafter.info.get("training") or {}
         before = {"steps_all": t0.get("steps_all", t0.get("steps", 0)),
                   "train_minutes_all": t0.get("train_minutes_all", t0.get("train_minutes", 0.0))}
+        if drafter.cfg.kind == "eagle3" and drafter.cfg.layout != dcfg.layout == "eagle3":
+            accel.print("moving it to EAGLE-3's layout (layer 0 reads [embed; hidden]; training goes on from there)")
+            drafter = drafter.to_eagle3_layout()
         if drafter.cfg.kind == "eagle3" and dcfg.kind == "peagle":
             from fasteagle.peagle import ParallelEagleDrafter
 
             accel.print("drafting in parallel from here: its layer, head and vocab as they are, a new mask row")
-            if drafter.cfg.layout != "eagle3":
-                drafter = drafter.to_eagle3_layout()
             drafter = ParallelEagleDrafter.from_eagle3(drafter, _mask_token_id(counts, dcfg.vocab_size))
         if drafter.cfg.kind != dcfg.kind:
             raise FastEagleError(f"{cfg.init_from} holds a {drafter.cfg.kind} drafter; this run trains {dcfg.kind}")
         accel.print(f"continuing from {cfg.init_from} ({before['steps_all']} steps)")
         drafter.cfg.loss_weights = cfg.loss_weights  # a loss switch applies to the drafter it continues
-        if drafter.cfg.kind == "eagle3" and drafter.cfg.layout != dcfg.layout == "eagle3":
-            accel.print("moving it to EAGLE-3's layout (layer 0 reads [embed; hidden]; training goes on from there)")
-            drafter = drafter.to_eagle3_layout()
         if cfg.current_token and drafter.cfg.kind == "fasteagle" and not drafter.cfg.current_token:
             accel.print("its rows now read their own token too (cur_fc starts at zero: same function to start)")
             drafter.add_current_token()
