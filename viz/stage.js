@@ -337,8 +337,8 @@ window.feStage = {
     if (at >= 0 && (at !== S.i || (phase !== undefined && phase !== S.phase))) {
       play(false);
       setStep(at, phase === undefined ? 4 : phase);
-      if (phase !== undefined) toSlider(S.run.steps[S.i].s);  // the tour moved it: the page's slider follows
     }
+    if (at >= 0 && phase !== undefined) toSlider(S.run.steps[S.i].s);  // the tour's step: the page's slider follows
   },
   phase: (p) => { if (S.run && S.run.steps[S.i].tok) { play(false); setStep(S.i, p); } },
   predict: (done) => { S.pick = done; draw(); },

@@ -137,6 +137,13 @@ def _present_on(page) -> None:
     page.wait_for_function("() => document.body.classList.contains('fe-present')", timeout=1)
 
 
+def _first_screen_drawn(page) -> None:
+    """Wait for the first screen's stage (in the page as built) and then for its run's outputs (its badge):
+    until they land, the run's landing step arrives on the slider and moves the stage from where a test put it."""
+    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    page.wait_for_selector("#identical-badge [data-identical]", timeout=60_000)
+
+
 def _run(page) -> None:
     """Press Run and wait for the run's end: the badge of the run on screen (the first screen's, at
     first) goes while it decodes, and the new run's comes back."""
@@ -625,7 +632,7 @@ def test_the_stage_plays_each_step_in_phases(app_url, page):
     url, _ = app_url
     page.emulate_media(reduced_motion="reduce")
     page.goto(url, wait_until="load")
-    page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+    _first_screen_drawn(page)
     start = page.evaluate(STAGE)["state"]
     page.evaluate("() => window.feStage.goto(window.feStage.best(), 0)")
     page.wait_for_timeout(200)
@@ -661,7 +668,7 @@ def test_the_tour_walks_every_card(app_url, page, size):
     page.set_viewport_size({"width": width, "height": height})
     try:
         page.goto(url, wait_until="load")
-        page.wait_for_selector("#stage svg.fe-stage-tree .fe-n circle", timeout=20_000)
+        _first_screen_drawn(page)
         page.evaluate("() => window.feStage.goto(1, 4)")  # away from the step the tour shows
         page.wait_for_function("() => document.querySelector('#step-slider input[type=number]').value === '1'")
         page.locator("#tour-btn").click()
