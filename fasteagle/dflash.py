@@ -27,20 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
-from fasteagle.draftbase import DrafterBase, reuse_cache
+from fasteagle.draftbase import DrafterBase, reuse_cache, rope
 from fasteagle.draftconfig import DrafterConfig
 from fasteagle.tree import DEFAULT_TREE_SHAPE, DraftTree
 
 ARCHITECTURE = "DFlashDraftModel"  # the name vLLM's registry maps to its Qwen3 DFlash drafter
 ANCHOR_CHUNK = 256  # training: anchors (blocks) per attention call; bounds the scores' memory on long replies
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x (B, H, T, D) at the positions cos/sin (B, T, D) were made for."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 class DFlashDrafter(DrafterBase):
@@ -108,7 +103,7 @@ class DFlashDrafter(DrafterBase):
         for layer in self.layers:
             a = layer.self_attn
             k = a.k_norm(a.k_proj(c).view(shape)).transpose(1, 2)
-            out.append((_rope(k, cos, sin), a.v_proj(c).view(shape).transpose(1, 2)))
+            out.append((rope(k, cos, sin), a.v_proj(c).view(shape).transpose(1, 2)))
         return out
 
     def block(self, x: torch.Tensor, positions: torch.Tensor, ctx: list[tuple[torch.Tensor, torch.Tensor]],
@@ -122,8 +117,8 @@ class DFlashDrafter(DrafterBase):
         for layer, (ck, cv) in zip(self.layers, ctx):
             a = layer.self_attn
             h = layer.input_layernorm(x)
-            qs = _rope(a.q_norm(a.q_proj(h).view(shape)).transpose(1, 2), cos, sin)
-            ks = _rope(a.k_norm(a.k_proj(h).view(shape)).transpose(1, 2), cos, sin)
+            qs = rope(a.q_norm(a.q_proj(h).view(shape)).transpose(1, 2), cos, sin)
+            ks = rope(a.k_norm(a.k_proj(h).view(shape)).transpose(1, 2), cos, sin)
             vs = a.v_proj(h).view(shape).transpose(1, 2)
             o = F.scaled_dot_product_attention(qs, torch.cat([ck, ks], 2), torch.cat([cv, vs], 2), attn_mask=mask,
                                                enable_gqa=True)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from fasteagle import packing
 from fasteagle.draftconfig import DrafterConfig, check_fingerprint, peek
@@ -575,6 +575,11 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
         raise FastEagleError(f"the drafter weights {file} are corrupt or truncated ({exc}); copy them again or "
                              "train the drafter again") from None
 
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (B, H, T, D) at the positions cos/sin (B, T, D) were made for."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 def layer_top(ids: torch.Tensor, probs: torch.Tensor) -> list[list[list]]:

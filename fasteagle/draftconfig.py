@@ -57,6 +57,8 @@ class DrafterConfig:
     norm_before_fc: bool = False  # one RMSNorm over the concatenated target features before `fc`
     fc_norm: bool = False  # one RMSNorm per target feature before `fc` (EAGLE 3.1; the cascade's too)
     norm_output: bool = False  # cascade: layer i+1 reads layer i's output after depth i's norm (EAGLE 3.1)
+    kv_inject: bool = False  # cascade: every layer's keys and values come from the fused input (fc's output), not
+    # the layer before; queries still flow down the cascade (`fasteagle.drafter`)
     attention_bias: bool = False
     own_head: bool = False  # an LM head of its own over the draft vocab (imported), not the target's
     own_embed: bool = False  # an embedding of its own (imported), not the target's

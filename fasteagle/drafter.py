@@ -19,6 +19,12 @@ token is the one being continued, and read the token after it. Row j holds x_{j+
 read, and now x_j in the clear, which it must match: one attention layer can copy, where without it the
 match had to be learned through the target's features of x_j.
 
+With `kv_inject`, every layer's keys and values come from the fused input x_1 = FC(..) of each row (the
+layer's own input norm and k/v projections), as DFlash's layers read the target's features; the queries still
+flow down the cascade (layer i's from h_{i-1}). Each layer then sees the target's features of the whole context
+directly, and a decode step feeds accepted rows' keys and values to every layer but runs the stack on the last
+row alone: a plain cascade must run every row through every layer, each output being the next layer's keys.
+
 One forward yields every depth's distribution (an EAGLE-style drafter needs one forward per
 depth). Each layer is a stock `LlamaDecoderLayer` attending causally over the accepted prefix with
 its own KV cache; the embedding and LM head are the target's own, frozen, and not saved here
@@ -33,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from fasteagle.draftbase import DrafterBase, layer_top, reuse_cache
+from fasteagle.draftbase import DrafterBase, layer_top, reuse_cache, rope
 from fasteagle.draftconfig import DrafterConfig
 from fasteagle.draftgraph import DraftStep, device_tree_wanted, graphs_wanted
 from fasteagle.kvcache import KVCache, attention_mask, causal_ancestors, limit_to_window
@@ -102,11 +108,12 @@ class CascadedDrafter(DrafterBase):
     def hidden(self, feats: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor,
                mask: torch.Tensor | None = None, cache: KVCache | None = None,
                layers: int | None = None, depth_tokens: list[torch.Tensor] | None = None,
-               cur_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+               cur_ids: torch.Tensor | None = None, last_only: bool = False) -> list[torch.Tensor]:
         """Outputs of the first `layers` layers (all by default), (B, L, width) each. mask=None means
         plain causal attention, within the drafter's `attention_window` where it has one. A token-conditioned
         layer i+1 reads `depth_tokens[i]` (B, L) where given, else depth i's own top-1. `cur_ids` (B, L): each
-        row's own token, which a `current_token` cascade reads beside `next_ids`."""
+        row's own token, which a `current_token` cascade reads beside `next_ids`. `last_only`: only the last
+        row's outputs are wanted; a `kv_inject` cascade then runs its layers on that row alone (B, 1, width)."""
         if mask is None and cache is None and self.attention_window:
             n = next_ids.shape[1]
             mask = attention_mask(causal_ancestors(n, next_ids.device), 0, feats.dtype)
@@ -120,10 +127,16 @@ class CascadedDrafter(DrafterBase):
                 raise ValueError("a current_token cascade reads each row's own token: pass cur_ids")
             x = x + self.cur_fc(self.embed(cur_ids).to(feats.dtype))
         pe = self.rotary(x, position_ids)
+        kv = x if self.cfg.kv_inject else None
+        if kv is not None and last_only:
+            x = x[:, -1:]
         outs = []
         run = range(len(self.layers))[:layers]
         for i in run:
-            x = self.run_layer(i, x, position_ids, pe, mask, cache)
+            if kv is None:
+                x = self.run_layer(i, x, position_ids, pe, mask, cache)
+            else:
+                x = self.injected_layer(i, x, kv, pe, mask, cache)
             outs.append(x)
             if self.cfg.norm_output and i + 1 < len(run):
                 x = self.norms[i](x)
@@ -131,6 +144,28 @@ class CascadedDrafter(DrafterBase):
                 tok = self.top_token_embedding(x, i + 1) if depth_tokens is None else self.embed(depth_tokens[i])
                 x = x + self.tok_fc[i](tok.to(x.dtype))
         return outs
+
+    def injected_layer(self, i: int, x: torch.Tensor, kv: torch.Tensor, pe: tuple[torch.Tensor, torch.Tensor],
+                       mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+        """Layer i (the stock layer's weights) with its queries from x (B, Q, W), the last Q of the rows kv
+        (B, T, W) holds, and its keys and values from kv, the fused input, joined to `cache`'s; `pe` and the
+        additive `mask` (.., T, past+T) are the T rows' (None: causal)."""
+        layer, a = self.layers[i], self.layers[i].self_attn
+        (b, q), t = x.shape[:2], kv.shape[1]
+        cos, sin = pe
+        heads = (-1, self.cfg.head_dim)
+        h, c = layer.input_layernorm(x), layer.input_layernorm(kv)
+        qs = rope(a.q_proj(h).view(b, q, *heads).transpose(1, 2), cos[:, -q:], sin[:, -q:])
+        ks = rope(a.k_proj(c).view(b, t, *heads).transpose(1, 2), cos, sin)
+        vs = a.v_proj(c).view(b, t, *heads).transpose(1, 2)
+        if cache is not None:
+            ks, vs = cache.update(ks, vs, i)
+        if mask is not None:
+            mask = mask[..., -q:, :]
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None and q > 1,
+                                           scale=a.scaling, enable_gqa=True)
+        x = x + a.o_proj(o.transpose(1, 2).reshape(b, q, -1))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def top_token_embedding(self, h: torch.Tensor, depth: int) -> torch.Tensor:
         """The target's embedding of depth `depth`'s top-1 draft from that layer's output h (no gradient)."""
@@ -234,8 +269,8 @@ class CascadeState:
 
     def mode(self) -> str:
         """The decode step's kind this sequence (see `step_mode`)."""
-        if self.drafter.cfg.current_token:  # the fixed-shape step feeds next tokens only
-            return "dynamic"
+        if self.drafter.cfg.current_token or self.drafter.cfg.kv_inject:  # the fixed-shape step feeds next tokens
+            return "dynamic"  # only, and runs every row through every layer
         if self.step_mode is not None:
             return self.step_mode
         return "graph" if graphs_wanted(self.drafter.device) else "dynamic"
@@ -302,7 +337,7 @@ class CascadeState:
             mask = limit_to_window(attention_mask(causal_ancestors(n, tokens.device), past, d.dtype),
                                    pos[0] - self.skipped, d.attention_window)
         outs = d.hidden(features[None].to(d.dtype), nxt[None], pos, mask, self.cache, self.active_layers,
-                        cur_ids=tokens[None])
+                        cur_ids=tokens[None], last_only=True)
         self.last = torch.stack([o[0, -1] for o in outs])  # (active layers, width)
 
     def _fitting_step(self) -> DraftStep:

@@ -275,7 +275,7 @@ def export_cascade(drafter, out: str | Path, target_name: str | None = None) -> 
     config = _config(cfg, ARCHITECTURE, drafter.vocab_ids.numel(), target_name) | {
         "mask_token_id": 0,  # any id: a mask row is also known by its zero hidden state (vllm_cascade)
         "fasteagle_kind": "fasteagle"} | ({"token_conditioned": True} if cfg.token_conditioned else {}) | {
-        k: True for k in ("fc_norm", "norm_output") if getattr(cfg, k)}
+        k: True for k in ("fc_norm", "norm_output", "kv_inject") if getattr(cfg, k)}
     write_text(out / "config.json", json.dumps(config, indent=2))
     return out
 

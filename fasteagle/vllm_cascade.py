@@ -21,6 +21,9 @@ to the target's id, as our engine's `CascadedDrafter.hidden` does. It is still o
 With EAGLE 3.1's norms (`fc_norm`, `norm_output` in its config) `combine_hidden_states` normalizes each
 target feature before `fc` (mask_hidden's zeros stay zero), and layer i+1 reads depth i's normed output.
 
+With `kv_inject` in its config every layer's keys and values come from each row's fused input (its own input
+norm and k/v projections of fc(g) + embed_fc(embed(x))), its queries from the layer before, as in our engine.
+
 vLLM imports this module only through `fasteagle.vllm_plugin`; `python -m fasteagle export` writes
 the checkpoint it loads (`fasteagle.eagle3_format.export`).
 """
@@ -53,6 +56,15 @@ class CascadeLayer(LlamaDecoderLayer):
 
     def get_quant_config(self, vllm_config: VllmConfig):
         return get_draft_quant_config(vllm_config)
+
+    def injected(self, positions: torch.Tensor, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """The layer's output (T, W) with queries from x and keys and values from kv, both (T, W) (`kv_inject`)."""
+        a = self.self_attn
+        q = a.qkv_proj(self.input_layernorm(x))[0][..., :a.q_size]
+        _, k, v = a.qkv_proj(self.input_layernorm(kv))[0].split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+        q, k = a.rotary_emb(positions, q, k)
+        x = x + a.o_proj(a.attn(q, k, v))[0]
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class CascadeModel(nn.Module):
@@ -92,6 +104,7 @@ class CascadeModel(nn.Module):
         self.fc_norm = nn.ModuleList(RMSNorm(target, eps=cfg.rms_norm_eps) for _ in range(n_aux)) if getattr(
             cfg, "fc_norm", False) else None
         self.norm_output = getattr(cfg, "norm_output", False)
+        self.kv_inject = getattr(cfg, "kv_inject", False)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -101,9 +114,14 @@ class CascadeModel(nn.Module):
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
         x, residual, outs = hidden_states + self.embed_fc(inputs_embeds), None, []  # = our fc(cat(g, embed))
+        kv = x if self.kv_inject else None
         for i, layer in enumerate(self.layers):
-            x, residual = layer(positions, x, residual)
-            outs.append(x + residual)  # the layer's output (vLLM keeps the residual add for the next norm)
+            if kv is not None:
+                x = layer.injected(positions, x, kv)
+                outs.append(x)
+            else:
+                x, residual = layer(positions, x, residual)
+                outs.append(x + residual)  # the layer's output (vLLM keeps the residual add for the next norm)
             if self.norm_output and i + 1 < len(self.layers):
                 x, residual = self.norms[i](outs[-1]), None
             if self.tok_fc is not None and i + 1 < len(self.layers):  # + T_i(embed(top-1 of depth i))

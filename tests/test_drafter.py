@@ -231,12 +231,14 @@ def test_draft_vocab_maps_back_to_target_ids(tiny):
     assert set(tree.tokens[1:].tolist()) <= set(range(200, 264))
 
 
-@pytest.mark.parametrize("norms", [{}, {"fc_norm": True, "norm_output": True}])
+@pytest.mark.parametrize("norms", [{}, {"fc_norm": True, "norm_output": True}, {"kv_inject": True},
+                                   {"kv_inject": True, "attention_window": 6}])
 def test_incremental_extend_equals_a_full_forward(tiny, norms):
     """Feeding the prefix in chunks through the per-layer KV caches gives the same last outputs
-    as one causal forward over everything (with EAGLE 3.1's norms too)."""
+    as one causal forward over everything (with EAGLE 3.1's norms too, and with every layer's keys and values
+    from the fused input, where a decode step runs the layers on its last row alone, within a window too)."""
     d = make(tiny, **norms)
-    if norms:  # not the identity: each feature's norm and each passed output's norm act
+    if "fc_norm" in norms:  # not the identity: each feature's norm and each passed output's norm act
         assert len(d.fc_norm) == len(d.cfg.feature_layers)
         for n in [*d.fc_norm, *d.norms]:
             torch.nn.init.uniform_(n.weight, 0.5, 2.0)
@@ -264,6 +266,25 @@ def test_eagle31_norms_change_the_cascade_and_it_stays_lossless(tiny):
     for mode in ("dynamic", "static"):
         normed.step_mode, normed.tree_k, normed.tree_budget = mode, 3, 10
         check_lossless(tiny, normed, TINY_VOCAB)
+
+
+def test_injected_keys_and_values_change_the_cascade_and_it_stays_lossless(tiny):
+    """`kv_inject`: every layer's keys and values from the fused input, so each depth reads another function of
+    the context than the plain cascade's (the same weights): layer 1, whose keys were the fused input already,
+    agrees, and every deeper one differs. Greedy decoding with it is vanilla's, in whatever step mode is asked
+    for (it always runs the dynamic step)."""
+    plain, injected = make(tiny), make(tiny, kv_inject=True)
+    injected.load_state_dict(plain.state_dict())
+    ids = torch.randint(4, TINY_VOCAB, (1, 12))
+    f = features(tiny, ids, plain.cfg.feature_layers)
+    with torch.no_grad():
+        a, b = (d.hidden(f[:, :-1], ids[:, 1:], torch.arange(11)[None]) for d in (plain, injected))
+    torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-4)
+    assert all(not torch.allclose(x, y, atol=1e-3) for x, y in zip(a[1:], b[1:]))
+    for mode in ("dynamic", "static"):
+        injected.step_mode, injected.tree_k, injected.tree_budget = mode, 3, 10
+        assert injected.state.mode() == "dynamic"
+        check_lossless(tiny, injected, TINY_VOCAB)
 
 
 @pytest.mark.parametrize("budget", [2, 3, 4])

@@ -85,6 +85,26 @@ def test_a_cascade_with_eagle31_norms_drafts_in_vllm_what_it_drafts_in_ours(smol
     assert ours[0] > 0.15 and ours[1] > 0.03, ours
 
 
+def test_a_cascade_with_injected_keys_and_values_drafts_in_vllm_what_it_drafts_in_ours(smollm, tmp_path):
+    """The shipped cascade switched to `kv_inject` (every layer's keys and values from the fused input; the same
+    weights) runs in vLLM's one forward as in ours: same outputs, same acceptance at each chain position. Depth 1
+    is the plain cascade's (layer 1's keys were the fused input already); deeper depths read another function,
+    which `tests/test_drafter.py` checks. These weights, trained without it, accept about as much either way
+    (0.40 / 0.17 / 0.07 plain, 0.41 / 0.19 / 0.07 injected here): that vLLM reads the switch at all, a drafter
+    trained with it shows (the single-pass recipe's `cascade-kv-inject` arm)."""
+    import json
+    import shutil
+
+    from fasteagle.methods import DEFAULT_DRAFTER
+
+    folder = tmp_path / "injected"
+    shutil.copytree(DEFAULT_DRAFTER, folder)
+    cfg = json.loads((folder / "config.json").read_text()) | {"kv_inject": True}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ours = _cascade_agrees_in_both_engines(smollm, folder)
+    assert ours[0] > 0.3
+
+
 @pytest.mark.parametrize("method", ["eagle3", "fasteagle-equal"])
 def test_vllm_accepts_what_ours_accepts_position_by_position(engines, method):
     ours, theirs = engines[method]["ours"], engines[method]["vllm"]

@@ -54,6 +54,7 @@ class TrainConfig:
     loss_targets: str = "soft"  # soft: the teacher's top-k distribution; hard: its top-1 token (DrafterBase.loss)
     fc_norm: bool = False  # new cascade or EAGLE-3 drafter: an RMSNorm per target feature before fc (EAGLE 3.1)
     norm_output: bool = False  # new cascade: each layer passes its normalized output to the next (EAGLE 3.1)
+    kv_inject: bool = False  # new cascade: every layer's keys and values from the fused input, not the layer before
     loss_weights: str = "decay"  # decay (loss_decay ** (i-1)), until-fail (Accept-Until-Fail) or dpace (D-PACE's
     # expected accepted length gradient): `DrafterBase._depth_weights`; continuing a drafter, this run's applies
     token_conditioned: bool = False  # fasteagle: each layer also reads the token the layer before drafted
@@ -120,6 +121,8 @@ class TrainConfig:
                 refuse(name, " or ".join(choices))
         if self.norm_output and self.drafter != "fasteagle":
             raise FastEagleError(f"norm_output is a cascade's switch (drafter fasteagle), not {self.drafter}'s")
+        if self.kv_inject and self.drafter != "fasteagle":
+            raise FastEagleError(f"kv_inject is a cascade's switch (drafter fasteagle), not {self.drafter}'s")
         if self.fc_norm and self.drafter not in ("fasteagle", "eagle3", "peagle"):
             raise FastEagleError(f"fc_norm is for the cascade and EAGLE-3's layers, not {self.drafter}")
         if self.reuse_features and self.features != "cache":

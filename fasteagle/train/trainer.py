@@ -144,7 +144,7 @@ def start(cfg: TrainConfig, target=None) -> Run:
     dcfg = DrafterConfig.for_target(model, target.name, num_layers=cfg.num_layers, intermediate=cfg.intermediate,
                                     loss_decay=cfg.loss_decay, loss_targets=cfg.loss_targets,
                                     loss_weights=cfg.loss_weights, fc_norm=cfg.fc_norm,
-                                    norm_output=cfg.norm_output,
+                                    norm_output=cfg.norm_output, kv_inject=cfg.kv_inject,
                                     token_conditioned=cfg.token_conditioned and cfg.drafter == "fasteagle",
                                     token_source=cfg.token_source if cfg.drafter == "fasteagle" else "draft",
                                     current_token=cfg.current_token and cfg.drafter == "fasteagle",

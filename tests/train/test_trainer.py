@@ -472,7 +472,8 @@ def test_a_block_drafter_trains_on_blocks_and_then_accepts(tiny, tmp_path, kind,
 def test_switches_a_drafter_kind_lacks_are_refused_before_anything_loads():
     for settings, says in (({"drafter": "eagle3", "norm_output": True}, "norm_output is a cascade's switch"),
                            ({"drafter": "dflash", "fc_norm": True}, "fc_norm is for the cascade"),
+                           ({"drafter": "peagle", "kv_inject": True}, "kv_inject is a cascade's switch"),
                            ({"loss_weights": "uniform"}, "loss_weights")):
         with pytest.raises(FastEagleError, match=says):
             TrainConfig(out="x", **settings).check()
-    TrainConfig(out="x", fc_norm=True, norm_output=True, loss_weights="until-fail").check()
+    TrainConfig(out="x", fc_norm=True, norm_output=True, kv_inject=True, loss_weights="until-fail").check()
