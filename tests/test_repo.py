@@ -74,7 +74,7 @@ def test_space_sdk_version_matches_requirements():
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m-fasteagle", "smollm2-135m-eagle3", "smollm2-135m-fasteagle-equal",
-                                  "smollm2-135m-dflash"])
+                                  "smollm2-135m-dflash", "smollm2-135m-peagle"])
 def test_shipped_drafters_have_a_current_model_card(name):
     d = ROOT / "assets" / "drafters" / name
     assert (d / "config.json").exists() and (d / "model.safetensors").exists()
