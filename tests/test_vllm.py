@@ -422,36 +422,23 @@ def test_vllms_cpu_grouped_rms_norm_reads_layer_0s_weight_only():
         torch.testing.assert_close(out[layer], normed[layer] * w[0], atol=1e-4, rtol=1e-4)
 
 
-def test_the_dflash_drafter_drafts_in_stock_vllm_what_it_drafts_in_ours(smollm):
-    """The shipped DFlash drafter, exported to vLLM's own format, runs in stock vLLM (`method: "dflash"`, blocks
-    of [bonus, mask x 3]) as in our engine: both write plain decoding, and accept the same share at each chain
-    position (the tolerance of the module docstring)."""
-    from fasteagle.methods import DEFAULT_DFLASH
-
+@pytest.fixture(scope="module")
+def single_pass(smollm):
     texts = [p["text"] for p in load_prompts(ROOT / "assets" / "prompts" / "sharegpt_holdout.jsonl", PROMPTS)]
-    got = compare_engines(smollm, Settings(dflash_drafter=DEFAULT_DFLASH), ["vanilla", "dflash"], texts, K, TOKENS,
-                          [1], None, None)["methods"]["dflash"]
-    ours, theirs = got["ours"], got["vllm"]
+    return compare_engines(smollm, Settings(), ["vanilla", "dflash", "peagle"], texts, K, TOKENS, [1], None,
+                           None)["methods"]
+
+
+@pytest.mark.parametrize("method", ["dflash", "peagle"])
+def test_the_shipped_single_pass_drafters_draft_in_stock_vllm_what_they_draft_in_ours(single_pass, method):
+    """The shipped DFlash drafter, exported to vLLM's own format (`method: "dflash"`, blocks of [bonus, mask x 3]),
+    and the shipped parallel EAGLE one, exported as an EAGLE-3 checkpoint with its mask row (`method: "eagle3"`,
+    `parallel_drafting`: [accepted | bonus | mask x 2] in one forward), run in stock vLLM as in our engine: both
+    write plain decoding, and accept the same share at each chain position (the module docstring's tolerance)."""
+    ours, theirs = single_pass[method]["ours"], single_pass[method]["vllm"]
     assert ours["identical"] == theirs["identical"] == PROMPTS
     assert theirs["tau"] == pytest.approx(ours["tau"], rel=0.03)
     for i, (a, b) in enumerate(zip(ours["per_position"], theirs["per_position"]), start=1):
         assert abs(a - b) <= 0.03, f"position {i}: ours {a:.3f}, vLLM {b:.3f}"
-    # it accepts about 0.11 at position 1 (its card): enough drafts accepted to tell two networks apart
+    # about 0.11 (DFlash) and 0.2 (peagle) at position 1 (their cards): enough drafts to tell two networks apart
     assert ours["per_position"][0] > 0.05, "a trained drafter accepts; else the comparison says nothing"
-
-
-def test_the_peagle_drafter_drafts_in_stock_vllm_what_it_drafts_in_ours(smollm):
-    """The shipped parallel EAGLE drafter, exported as an EAGLE-3 checkpoint with its mask row, runs in stock
-    vLLM (`method: "eagle3"`, `parallel_drafting`: [accepted | bonus | mask x 2] in one forward) as in our engine:
-    both write plain decoding, and accept the same share at each chain position (the module's tolerance)."""
-    from fasteagle.methods import DEFAULT_PEAGLE
-
-    texts = [p["text"] for p in load_prompts(ROOT / "assets" / "prompts" / "sharegpt_holdout.jsonl", PROMPTS)]
-    got = compare_engines(smollm, Settings(peagle_drafter=DEFAULT_PEAGLE), ["vanilla", "peagle"], texts, K, TOKENS,
-                          [1], None, None)["methods"]["peagle"]
-    ours, theirs = got["ours"], got["vllm"]
-    assert ours["identical"] == theirs["identical"] == PROMPTS
-    assert theirs["tau"] == pytest.approx(ours["tau"], rel=0.03)
-    for i, (a, b) in enumerate(zip(ours["per_position"], theirs["per_position"]), start=1):
-        assert abs(a - b) <= 0.03, f"position {i}: ours {a:.3f}, vLLM {b:.3f}"
-    assert ours["per_position"][0] > 0.1, "a trained drafter accepts; else the comparison says nothing"
