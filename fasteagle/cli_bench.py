@@ -179,7 +179,7 @@ def _bench_prompts(args) -> tuple[list[str], list[str], list[dict]]:
     prompt_files = _names(args.prompts)
     if not prompt_files:
         raise FastEagleError("--prompts names no file")
-    return names, prompt_files, [p for f in prompt_files for p in bench.load_prompts(f, args.limit)]
+    return names, prompt_files, [p for f in prompt_files for p in bench.load_prompts(f, args.limit, args.skip)]
 
 
 def _bench_setup(args, names: list[str], prompts: list[dict], prompt_files: list[str]) -> tuple:
@@ -449,6 +449,9 @@ def add_parser(sub) -> None:
                    + "; fasteagle-equal: the cascade trained as the eagle3 drafter was")
     b.add_argument("--limit", type=int, default=None,
                    help="prompts per file (per category, in a file of several categories)")
+    b.add_argument("--skip", type=int, default=0,
+                   help="leave out the first this many per category before --limit: prompts a comparison with "
+                        "--limit that many never measures (to choose among drafters on)")
     b.add_argument("--out", default=None, help="result JSON (a .md table and .html charts are written beside it)")
     b.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
                    help="auto: measure this device and give each trained drafter its best tree budget (tokens/s)")

@@ -37,6 +37,11 @@ def test_limit_takes_the_first_prompts_of_each_category(tmp_path):
     assert [r["id"] for r in rows] == ["chat0", "chat1", "math0", "math1", "rag0", "rag1"]
     spare = bench.tuning_prompts([str(f)], limit=2, n=3)
     assert not {r["id"] for r in spare} & {r["id"] for r in rows}  # --tree auto tunes on prompts not measured
+    picked = bench.load_prompts(f, limit=1, skip=2)  # --skip: for choosing on prompts --limit 2 never measures
+    assert [r["id"] for r in picked] == ["chat2", "math2", "rag2"]
+    assert [r["id"] for r in bench.load_prompts(f, skip=3)] == ["chat3", "math3", "rag3"]
+    with pytest.raises(FastEagleError, match="--skip 4 leaves no prompts"):
+        bench.load_prompts(f, skip=4)
 
 
 @pytest.mark.parametrize("content,fragment", [

@@ -9,12 +9,15 @@ from pathlib import Path
 from fasteagle.errors import FastEagleError
 
 
-def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
+def load_prompts(path: str | Path, limit: int | None = None, skip: int = 0) -> list[dict]:
     """JSON lines with `turns` (first turn used), `prompt` or `text`; optional `category`. A line
     without a prompt is an error that names it, as is a file without any. `limit` keeps the first
-    that many of each category (a file of one category: its first that many)."""
+    that many of each category (a file of one category: its first that many), after the first `skip` of
+    each (prompts a comparison with that limit never measures: for choosing among drafters)."""
     if limit is not None and limit < 1:
         raise FastEagleError(f"--limit must be at least 1 (got {limit})")
+    if skip < 0:
+        raise FastEagleError(f"--skip must be at least 0 (got {skip})")
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -41,14 +44,16 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
                      "text": text})
     if not rows:
         raise FastEagleError(f"{path} holds no prompts")
-    if not limit:
+    if not limit and not skip:
         return rows
     seen: Counter[str] = Counter()
     kept = []
     for r in rows:
         seen[r["category"]] += 1
-        if seen[r["category"]] <= limit:
+        if skip < seen[r["category"]] <= skip + (limit or len(rows)):
             kept.append(r)
+    if not kept:
+        raise FastEagleError(f"{path}: --skip {skip} leaves no prompts")
     return kept
 
 
