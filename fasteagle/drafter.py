@@ -19,11 +19,12 @@ token is the one being continued, and read the token after it. Row j holds x_{j+
 read, and now x_j in the clear, which it must match: one attention layer can copy, where without it the
 match had to be learned through the target's features of x_j.
 
-With `kv_inject`, every layer's keys and values come from the fused input x_1 = FC(..) of each row (the
-layer's own input norm and k/v projections), as DFlash's layers read the target's features; the queries still
-flow down the cascade (layer i's from h_{i-1}). Each layer then sees the target's features of the whole context
-directly, and a decode step feeds accepted rows' keys and values to every layer but runs the stack on the last
-row alone: a plain cascade must run every row through every layer, each output being the next layer's keys.
+With `kv_inject`, every layer's keys and values come from each row's fused input FC(concat(g_t, embed(x_{t+1})))
+(through the layer's own input norm and k/v projections), as DFlash's layers read the target's features; the
+queries still flow down the cascade (layer i's from h_{i-1}). Each layer then sees the target's features of the
+whole context directly, and a decode step feeds accepted rows' keys and values to every layer but runs the
+stack on the last row alone (the dynamic step; the fixed-shape one runs its few padded rows through them all,
+as for a plain cascade, which must: each layer's output there is the next layer's keys).
 
 One forward yields every depth's distribution (an EAGLE-style drafter needs one forward per
 depth). Each layer is a stock `LlamaDecoderLayer` attending causally over the accepted prefix with
@@ -269,8 +270,8 @@ class CascadeState:
 
     def mode(self) -> str:
         """The decode step's kind this sequence (see `step_mode`)."""
-        if self.drafter.cfg.current_token or self.drafter.cfg.kv_inject:  # the fixed-shape step feeds next tokens
-            return "dynamic"  # only, and runs every row through every layer
+        if self.drafter.cfg.current_token:  # the fixed-shape step feeds next tokens only
+            return "dynamic"
         if self.step_mode is not None:
             return self.step_mode
         return "graph" if graphs_wanted(self.drafter.device) else "dynamic"

@@ -271,8 +271,7 @@ def test_eagle31_norms_change_the_cascade_and_it_stays_lossless(tiny):
 def test_injected_keys_and_values_change_the_cascade_and_it_stays_lossless(tiny):
     """`kv_inject`: every layer's keys and values from the fused input, so each depth reads another function of
     the context than the plain cascade's (the same weights): layer 1, whose keys were the fused input already,
-    agrees, and every deeper one differs. Greedy decoding with it is vanilla's, in whatever step mode is asked
-    for (it always runs the dynamic step)."""
+    agrees, and every deeper one differs. Greedy decoding with it is vanilla's, in both step modes."""
     plain, injected = make(tiny), make(tiny, kv_inject=True)
     injected.load_state_dict(plain.state_dict())
     ids = torch.randint(4, TINY_VOCAB, (1, 12))
@@ -283,7 +282,6 @@ def test_injected_keys_and_values_change_the_cascade_and_it_stays_lossless(tiny)
     assert all(not torch.allclose(x, y, atol=1e-3) for x, y in zip(a[1:], b[1:]))
     for mode in ("dynamic", "static"):
         injected.step_mode, injected.tree_k, injected.tree_budget = mode, 3, 10
-        assert injected.state.mode() == "dynamic"
         check_lossless(tiny, injected, TINY_VOCAB)
 
 

@@ -15,25 +15,27 @@ from tests.drafters import steer
 from tests.test_drafter import features, make
 
 
-def pair(tiny, budget: int = 16):
+def pair(tiny, budget: int = 16, **kw):
     """The same drafter twice, one per step mode."""
     out = []
     for mode in ("dynamic", "static"):
-        d = make(tiny)
+        d = make(tiny, **kw)
         d.tree_k, d.tree_budget, d.step_mode = 4, budget, mode
         out.append(d)
     return out
 
 
-@pytest.mark.parametrize("window,tail", [(0, 0), (9, 0), (0, 5)])
-def test_static_steps_equal_dynamic_steps(tiny, window, tail):
+@pytest.mark.parametrize("window,tail,inject", [(0, 0, False), (9, 0, False), (0, 5, False), (0, 0, True),
+                                                (9, 0, True)])
+def test_static_steps_equal_dynamic_steps(tiny, window, tail, inject):
     """A prefill, then accepted paths of every length up to the padded row count (the root plus one
     node per depth): the same layer outputs, distributions and trees; with an attention window, or the
     prompt read from its last `tail` tokens only, too, where both equal the teacher-forced pass over the
-    sequence from there (what training and `bench --diagnose` run)."""
+    sequence from there (what training and `bench --diagnose` run); and for a cascade whose keys and values
+    are its fused input (`kv_inject`), whose dynamic step runs the last row alone."""
     ids = torch.randint(4, TINY_VOCAB, (40,))
     f = features(tiny, ids[None], make(tiny).cfg.feature_layers)[0]
-    dyn, sta = pair(tiny)
+    dyn, sta = pair(tiny, kv_inject=inject)
     for d in (dyn, sta):
         d.attention_window, d.prefill_tail = window, tail
     start = 12 - tail if tail else 0  # the prefill is the first 12 tokens
