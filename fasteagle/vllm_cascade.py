@@ -58,10 +58,12 @@ class CascadeLayer(LlamaDecoderLayer):
         return get_draft_quant_config(vllm_config)
 
     def injected(self, positions: torch.Tensor, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        """The layer's output (T, W) with queries from x and keys and values from kv, both (T, W) (`kv_inject`)."""
-        a = self.self_attn
-        q = a.qkv_proj(self.input_layernorm(x))[0][..., :a.q_size]
-        _, k, v = a.qkv_proj(self.input_layernorm(kv))[0].split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+        """The layer's output (T, W) with queries from x and keys and values from kv, both (T, W) (`kv_inject`).
+        Both go through the norm and the fused projection in one call, which reads the weights once."""
+        a, t = self.self_attn, x.shape[0]
+        qkv = a.qkv_proj(self.input_layernorm(torch.cat([x, kv])))[0]
+        q = qkv[:t, :a.q_size]
+        _, k, v = qkv[t:].split([a.q_size, a.kv_size, a.kv_size], dim=-1)
         q, k = a.rotary_emb(positions, q, k)
         x = x + a.o_proj(a.attn(q, k, v))[0]
         return x + self.mlp(self.post_attention_layernorm(x))
