@@ -193,6 +193,10 @@ def reply_match(reference: dict, doc: dict) -> dict:
 def markdown_table(doc: dict) -> str:
     """One Markdown table per result document (what the docs show): a method comparison, a
     verify-cost sweep or a draft-step timing."""
+    if "moe_study" in doc:
+        from fasteagle.bench.moe import markdown
+
+        return markdown(doc)
     if doc.get("distill_speed"):
         from fasteagle.bench.distill import markdown
 

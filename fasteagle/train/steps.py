@@ -8,8 +8,11 @@ FastEagle drafter grew over 14 stages on a CPU and a GPU. Such a recipe is a lis
 fasteagle command: `data` (python -m fasteagle.train.data: prompt files and their cuts), `tasks`
 (python -m fasteagle.train.tasks: prompts beyond chat, made from train conversations), `train`
 (python -m fasteagle train), `vocab` (python -m fasteagle.train.vocab), `bench` (python -m fasteagle bench:
-the trained drafters measured, every step after the trainings, so nothing trains while it times) or `compare`
-(python -m fasteagle.train.compare: those results joined into one table and one chart). In a step's arguments
+the trained drafters measured, every step after the trainings, so nothing trains while it times), `compare`
+(python -m fasteagle.train.compare: those results joined into one table and one chart), and the MoE study's
+`moefy` (python -m fasteagle.train.moefy: a sparse target made from a dense one), `routing` (python -m
+fasteagle.bench.routing: routing against a drafter's misses) and `moe` (python -m fasteagle.bench.moe: its
+answer, joined). In a step's arguments
 `{out}` is the recipe's out folder and `{configs}` the folder its `configs` (file name -> training
 settings) are written to.
 
@@ -41,7 +44,8 @@ from fasteagle.files import check_writable, write_text
 
 # step kind -> python -m ...
 COMMANDS = {"data": ["fasteagle.train.data"], "tasks": ["fasteagle.train.tasks"], "train": ["fasteagle", "train"],
-            "vocab": ["fasteagle.train.vocab"], "bench": ["fasteagle", "bench"], "compare": ["fasteagle.train.compare"]}
+            "vocab": ["fasteagle.train.vocab"], "bench": ["fasteagle", "bench"], "compare": ["fasteagle.train.compare"],
+            "moefy": ["fasteagle.train.moefy"], "routing": ["fasteagle.bench.routing"], "moe": ["fasteagle.bench.moe"]}
 SUBCOMMANDS = ("train", "bench")  # steps whose command is a `python -m fasteagle` subcommand
 
 
