@@ -63,22 +63,28 @@ def published(root: Path) -> list[Path]:
 
 def drafters_of(command: str, root: Path) -> set[Path]:
     """The drafter folders a recorded `python -m fasteagle bench ...` command decodes with (resolved)."""
+    return set(method_drafters(command, root).values())
+
+
+def method_drafters(command: str, root: Path) -> dict[str, Path]:
+    """Each method of a recorded `python -m fasteagle bench ...` command that decodes with a drafter: its
+    folder (resolved), as the command's own --drafter, --eagle3-drafter, ... and --drafters resolve it."""
     from fasteagle.methods import ALIASES, REGISTRY, Settings
 
     argv = shlex.split(command)
     flags = dict(_flags(argv))
     if argv[:3] != ["python", "-m", "fasteagle"] or "--methods" not in flags and "--method" not in flags:
-        return set()  # a recipe, a draft step on random weights, the app's load test
+        return {}  # a recipe, a draft step on random weights, the app's load test
     named = tuple((label, _path(folder, root)) for label, _, folder in
                   (x.partition("=") for x in (flags.get("--drafters") or "").split(",") if "=" in x))
     s = Settings(drafter=_path(flags.get("--drafter"), root), eagle3_drafter=_path(flags.get("--eagle3-drafter"), root),
                  dflash_drafter=_path(flags.get("--dflash-drafter"), root),
                  peagle_drafter=_path(flags.get("--peagle-drafter"), root), named=named)
-    out = set()
+    out = {}
     for m in (flags.get("--methods") or flags.get("--method")).split(","):
         if m in REGISTRY or m in ALIASES or m in dict(named):
             if (d := s.drafter_dir(m)) is not None:
-                out.add(Path(d).resolve())
+                out[m] = Path(d).resolve()
     return out
 
 

@@ -262,18 +262,33 @@ def join(ours: dict[str, str], vllm: dict[str, str], drafters: dict[str, str], c
         table.setdefault(p_label, {})[t_label] = {
             "result": str(path), "command": doc.get("command"), "prompts": doc["methods"]["vanilla"]["prompts"],
             "methods": {m: _measured(m, doc, budgets) for m in ["vanilla", *facts] if m in doc["methods"]}}
-    by_method = {f["kind"]: name for name, f in facts.items()} | {"vanilla": "vanilla"}  # a kind is vLLM's method
     keep = ("tokens_per_s", "spread", "speedup_vs_vanilla", "tau", "per_position", "identical_to_vanilla", "prompts")
+    steps = {f["steps"] for f in facts.values()}  # the compared drafters' (vLLM's runs may add a shipped one)
     chains = {}
     for label, path in vllm.items():
         doc = read_result(path)
+        by_method = _vllm_labels(doc.get("command") or "", facts)
         chains[label] = {"k": doc["k"], "result": str(path), "command": doc.get("command"),
                          "batches": {b: {by_method[m]: {x: s.get(x) for x in keep} for m, s in run["methods"].items()
                                          if m in by_method} for b, run in doc["batches"].items()}}
-    steps = {f["steps"] for f in facts.values()}
     return {"side_by_side": table, "vllm": chains, "drafter_facts": facts,
             "steps": steps.pop() if len(steps) == 1 else None, "repeats": repeats.pop() if len(repeats) == 1 else None,
             "device": device, "command": command}
+
+
+def _vllm_labels(command: str, facts: dict) -> dict[str, str]:
+    """vLLM's method -> the label it is shown under: the compared drafter whose folder the run's command decoded
+    with it (`rerun.method_drafters`), or, for a drafter not compared (a shipped one beside them), the method's
+    own name, its facts added to `facts`."""
+    from fasteagle.bench.rerun import method_drafters
+
+    folders = {Path(f["folder"]).resolve(): label for label, f in facts.items()}
+    out = {"vanilla": "vanilla"}
+    for method, folder in method_drafters(command, Path(".")).items():
+        out[method] = folders.get(folder, method)
+        if out[method] == method and method not in facts:
+            facts[method] = drafter_facts(folder)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,13 +29,17 @@ def drafters(tiny, tmp_path) -> dict[str, str]:
     return {"cascade": str(tmp_path / "cascade"), "peagle": str(tmp_path / "peagle")}
 
 
-def vllm_sweep(path) -> str:
-    """A `bench --engine vllm --repeats` result as it writes one (its batches' per-method summaries)."""
+def vllm_sweep(path, folders: dict) -> str:
+    """A `bench --engine vllm --repeats` result as it writes one (its batches' per-method summaries), run with
+    the compared cascade as `fasteagle`, the shipped equal-training cascade beside it, and the compared peagle."""
     m = {"tokens_per_s": 30.0, "spread": 0.04, "speedup_vs_vanilla": 1.2, "tau": 1.5, "per_position": [0.4, 0.1],
          "identical_to_vanilla": 2, "prompts": 2}
     runs = {b: {"methods": {"vanilla": {"tokens_per_s": 25.0, "speedup_vs_vanilla": 1.0, "prompts": 2},
-                            "fasteagle": m, "peagle": m | {"tau": 1.3}, "ngram": m}} for b in ("1", "8")}
-    path.write_text(json.dumps({"k": 2, "batches": runs, "command": "python -m fasteagle bench --engine vllm"}))
+                            "fasteagle": m, "fasteagle-equal": m | {"tau": 1.4}, "peagle": m | {"tau": 1.3},
+                            "ngram": m}} for b in ("1", "8")}
+    command = ("python -m fasteagle bench --engine vllm --methods vanilla,fasteagle,fasteagle-equal,peagle,ngram "
+               f"--drafter {folders['cascade']} --peagle-drafter {folders['peagle']}")
+    path.write_text(json.dumps({"k": 2, "batches": runs, "command": command}))
     return str(path)
 
 
@@ -53,8 +57,11 @@ def test_bench_results_join_into_one_table_and_chart(tiny, tmp_path, monkeypatch
                  "--tree-budget", "3", "--max-new-tokens", "6", "--repeats", "2", "--device", "cpu",
                  "--out", str(ours)]) == 0
     out = tmp_path / "side.json"
-    assert compare.main(["--ours", f"held/chain2={ours}", "--vllm", f"k2={vllm_sweep(tmp_path / 'v.json')}",
-                         "--drafters", ",".join(f"{k}={v}" for k, v in folders.items()), "--out", str(out)]) == 0
+    CascadedDrafter.load(folders["cascade"]).save(  # a second cascade, listed last
+        tmp_path / "cascade-b", extra={"training": {"steps": 40, "train_minutes": 1.5, "tokens_trained": 900}})
+    compared = folders | {"cascade-b": str(tmp_path / "cascade-b")}
+    assert compare.main(["--ours", f"held/chain2={ours}", "--vllm", f"k2={vllm_sweep(tmp_path / 'v.json', folders)}",
+                         "--drafters", ",".join(f"{k}={v}" for k, v in compared.items()), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     run = doc["side_by_side"]["held"]["chain2"]
     assert list(run["methods"]) == ["vanilla", "cascade", "peagle"] and run["prompts"] == 2
@@ -64,7 +71,11 @@ def test_bench_results_join_into_one_table_and_chart(tiny, tmp_path, monkeypatch
     assert facts["peagle"]["kind"] == "peagle" and facts["cascade"]["train_minutes"] == 1.5
     want = sum(p.numel() for k, p in CascadedDrafter.load(folders["cascade"]).state_dict().items() if k != "vocab_ids")
     assert facts["cascade"]["params"] == want
-    assert set(doc["vllm"]["k2"]["batches"]["8"]) == {"vanilla", "cascade", "peagle"}  # by kind; ngram is no arm
+    # each of vLLM's methods under the compared drafter its command decoded with (not the last of its kind); the
+    # shipped cascade beside them under its own name, its facts added; ngram is no drafter
+    assert set(doc["vllm"]["k2"]["batches"]["8"]) == {"vanilla", "cascade", "fasteagle-equal", "peagle"}
+    assert doc["vllm"]["k2"]["batches"]["8"]["fasteagle-equal"]["tau"] == 1.4
+    assert facts["fasteagle-equal"]["folder"].endswith("smollm2-135m-fasteagle-equal")
     table = (tmp_path / "side.md").read_text()
     assert "| cascade | fasteagle |" in table
     assert "| k2 | 2 | 8 | peagle | 30.0 ± 4% | 1.20x | 1.30 | 0.40 / 0.25 |" in table  # conditional: 0.1 / 0.4
