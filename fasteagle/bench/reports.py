@@ -338,7 +338,9 @@ def _depths(summary: dict, shown: int = 4) -> str:
 def _side_by_side_table(doc: dict) -> str:
     """A recipe's compare stage (`fasteagle.train.compare`): a row per prompt set, tree and drafter."""
     steps = f"{doc['steps']} steps of" if doc.get("steps") else "unequal"
-    head = (f"**{doc.get('device', '?')}**: every drafter at {steps} equal training, decoded side by "
+    others = [n for n, f in (doc.get("drafter_facts") or {}).items() if doc.get("steps") and f["steps"] != doc["steps"]]
+    beside = f" ({', '.join(others)} beside them in vLLM as shipped)" if others else ""
+    head = (f"**{doc.get('device', '?')}**: every drafter at {steps} equal training{beside}, decoded side by "
             f"side in one run per prompt set and tree (each prompt {doc['repeats']} times by every method in turn; "
             "speed-up: pooled tokens/s over vanilla's in the same run, ± the runs' spread; acceptance by depth: "
             f"the depths judged at least {MIN_JUDGED} times)\n\n"

@@ -239,8 +239,12 @@ def drafter_facts(folder: str | Path) -> dict:
         with safe_open(str(file), "pt") as f:
             params += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k != "vocab_ids")
     t = cfg.get("training") or {}
+    continued = t.get("steps_all") not in (None, t.get("steps"))  # its last run continued an earlier one
     return {"kind": cfg.get("kind", "fasteagle"), "folder": str(folder), "params": params,
-            **{k: t.get(k) for k in ("steps", "tokens_trained", "train_minutes", "train_cpu_minutes")}}
+            "steps": t.get("steps_all", t.get("steps")),
+            "train_minutes": t.get("train_minutes_all", t.get("train_minutes")),
+            # the runs before the last recorded their steps and minutes in it, not their tokens or CPU time
+            **{k: None if continued else t.get(k) for k in ("tokens_trained", "train_cpu_minutes")}}
 
 
 def join(ours: dict[str, str], vllm: dict[str, str], drafters: dict[str, str], command: str) -> dict:

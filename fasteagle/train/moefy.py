@@ -93,13 +93,13 @@ def neuron_groups(acts: torch.Tensor, experts: int, iters: int = 25, seed: int =
     for _ in range(iters):
         sim = feats @ centres.T  # [I, E]
         order = sim.flatten().argsort(descending=True)
-        owner = torch.full((n_neurons,), -1, dtype=torch.long)
-        room = [size] * experts
+        owned, room = [-1] * n_neurons, [size] * experts
         for flat in order.tolist():
             neuron, group = divmod(flat, experts)
-            if owner[neuron] < 0 and room[group]:
-                owner[neuron] = group
+            if owned[neuron] < 0 and room[group]:
+                owned[neuron] = group
                 room[group] -= 1
+        owner = torch.tensor(owned)
         centres = F.normalize(torch.stack([feats[owner == g].mean(0) for g in range(experts)]), dim=1)
     return torch.stack([torch.nonzero(owner == g).flatten() for g in range(experts)])
 

@@ -75,9 +75,11 @@ def test_bench_results_join_into_one_table_and_chart(tiny, tmp_path, monkeypatch
     # shipped cascade beside them under its own name, its facts added; ngram is no drafter
     assert set(doc["vllm"]["k2"]["batches"]["8"]) == {"vanilla", "cascade", "fasteagle-equal", "peagle"}
     assert doc["vllm"]["k2"]["batches"]["8"]["fasteagle-equal"]["tau"] == 1.4
-    assert facts["fasteagle-equal"]["folder"].endswith("smollm2-135m-fasteagle-equal")
     table = (tmp_path / "side.md").read_text()
-    assert "| cascade | fasteagle |" in table
+    shipped = facts["fasteagle-equal"]  # trained in stages: every stage's steps and minutes, no token count
+    assert shipped["folder"].endswith("smollm2-135m-fasteagle-equal") and shipped["steps"] == 1050
+    assert shipped["tokens_trained"] is None and "| fasteagle-equal | fasteagle | 14.6M | 1050 | – |" in table
+    assert "| cascade | fasteagle |" in table and "(fasteagle-equal beside them in vLLM as shipped)" in table
     assert "| k2 | 2 | 8 | peagle | 30.0 ± 4% | 1.20x | 1.30 | 0.40 / 0.25 |" in table  # conditional: 0.1 / 0.4
     assert (tmp_path / "side.html").stat().st_size > 1000
     capsys.readouterr()
