@@ -27,6 +27,8 @@ class Env:
     eagle3_drafter: str | None  # the app's FASTEAGLE_EAGLE3_DRAFTER
     precompute: bool  # the app's FASTEAGLE_PRECOMPUTE=1: decode first, then animate
     inspect_dirs: tuple[Path, ...] = ()  # the app's FASTEAGLE_INSPECT_DIRS: folders of inspect summaries it lists
+    recipe_step: str | None = None  # FASTEAGLE_RECIPE_STEP: set by a recipe of steps for each step it runs, the
+    # recipe command that runs that step (what a joined result records as the command that makes it)
 
 
 def env() -> Env:
@@ -46,4 +48,5 @@ def env() -> Env:
         eagle3_drafter=get("FASTEAGLE_EAGLE3_DRAFTER") or None,
         precompute=get("FASTEAGLE_PRECOMPUTE", "") not in ("", "0"),
         inspect_dirs=tuple(Path(p).expanduser() for p in (get("FASTEAGLE_INSPECT_DIRS") or "").split(os.pathsep) if p),
+        recipe_step=get("FASTEAGLE_RECIPE_STEP") or None,
     )

@@ -124,9 +124,11 @@ def _run(args) -> int:
     import shlex
     import sys
 
+    from fasteagle.env import env
+
     check_writable(args.out, "--out")
-    doc = {"moe_study": study(Path(args.run)),
-           "command": "python -m fasteagle.bench.moe " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+    own = "python -m fasteagle.bench.moe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    doc = {"moe_study": study(Path(args.run)), "command": env().recipe_step or own}  # the recipe makes it again
     write_text(args.out, json.dumps(doc, indent=1) + "\n")
     write_text(Path(args.out).with_suffix(".md"), markdown(doc))
     print(f"wrote {args.out}")

@@ -298,10 +298,13 @@ def _vllm_labels(command: str, facts: dict) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     import shlex
 
+    from fasteagle.env import env
     from fasteagle.errors import run_command
 
     args = parser().parse_args(argv)
-    command = shlex.join(["python", "-m", "fasteagle.train.compare", *(argv if argv is not None else sys.argv[1:])])
+    # run as a recipe's step, the recipe command makes it again (this one reads that recipe's run folder)
+    command = env().recipe_step or shlex.join(["python", "-m", "fasteagle.train.compare",
+                                               *(argv if argv is not None else sys.argv[1:])])
 
     def go() -> int:
         from fasteagle.cli_args import label_pairs

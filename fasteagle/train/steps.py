@@ -67,6 +67,7 @@ class StepRecipe:
     log: str = ""  # the training_log.json of the drafter this recipe made (its stages: the steps' `stage`)
     ship: dict = field(default_factory=dict)  # step name -> the shipped drafter folder it adds a stage to
     out: str = ""  # where it all goes (default: runs/<the recipe file's name>)
+    source: str = ""  # the recipe file it was read from (set on loading, not in the file)
 
     def argv(self, step: Step) -> list[str]:
         """The step's arguments with {out} and {configs} filled in."""
@@ -75,6 +76,11 @@ class StepRecipe:
 
     def command(self, step: Step) -> list[str]:
         return [sys.executable, "-m", *COMMANDS[step.run], *self.argv(step)]
+
+    def step_command(self, step: Step) -> str:
+        """The recipe command that runs just this step (a result it joins records it: what makes it again)."""
+        return shlex.join(["python", "-m", "fasteagle.train.recipe", self.source, "--out", self.out,
+                           "--stages", step.name])
 
     def typed(self, step: Step) -> str:
         """The step's command as a user types it (what is printed and recorded)."""
@@ -204,7 +210,8 @@ def run(recipe: StepRecipe, names: list[str] | None = None, dry_run: bool = Fals
                                  "are done: run the same command on a GPU machine to go on from here")
         print(f"[{i + 1}/{len(steps)}] {s.name}: {recipe.typed(s)}", flush=True)
         t0 = time.monotonic()
-        rc = subprocess.run(recipe.command(s), env=os.environ | {k: str(v) for k, v in s.env.items()}).returncode
+        rc = subprocess.run(recipe.command(s), env=os.environ | {k: str(v) for k, v in s.env.items()}
+                            | {"FASTEAGLE_RECIPE_STEP": recipe.step_command(s)}).returncode
         if rc:
             raise FastEagleError(f"step {s.name} failed (exit code {rc}); fix it and run again: "
                                  "the steps done are skipped")

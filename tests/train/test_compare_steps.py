@@ -82,6 +82,12 @@ def test_bench_results_join_into_one_table_and_chart(tiny, tmp_path, monkeypatch
     assert "| cascade | fasteagle |" in table and "(fasteagle-equal beside them in vLLM as shipped)" in table
     assert "| k2 | 2 | 8 | peagle | 30.0 ± 4% | 1.20x | 1.30 | 0.40 / 0.25 |" in table  # conditional: 0.1 / 0.4
     assert (tmp_path / "side.html").stat().st_size > 1000
+    assert doc["command"].startswith("python -m fasteagle.train.compare --ours held/chain2=")
+    step = "python -m fasteagle.train.recipe r.json --out runs/r --stages compare"  # run as a recipe's step
+    monkeypatch.setenv("FASTEAGLE_RECIPE_STEP", step)
+    assert compare.main(["--ours", f"held/chain2={ours}", "--drafters", f"cascade={folders['cascade']}",
+                         "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["command"] == step
     capsys.readouterr()
     assert compare.main(["--ours", f"chain2={ours}", "--drafters", f"cascade={folders['cascade']}",
                          "--out", str(out)]) == 2
@@ -91,6 +97,10 @@ def test_bench_results_join_into_one_table_and_chart(tiny, tmp_path, monkeypatch
 def test_a_recipe_measures_and_compares_in_steps_checked_before_anything_runs():
     raw = json.loads(open("assets/recipes/single-pass.json").read())
     recipe = S.load("single-pass.json", raw)
+    recipe.source, recipe.out = "assets/recipes/single-pass.json", "runs/whole-prompts"
+    compare_step = next(s for s in recipe.steps if s.name == "compare")
+    assert recipe.step_command(compare_step) == ("python -m fasteagle.train.recipe assets/recipes/single-pass.json "
+                                                 "--out runs/whole-prompts --stages compare")
     runs = [s.run for s in recipe.steps]
     assert runs.index("bench") > max(i for i, r in enumerate(runs) if r == "train")  # nothing trains while timed
     assert runs[-1] == "compare"
