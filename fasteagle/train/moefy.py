@@ -329,7 +329,8 @@ def build(args) -> dict:
         if args.finetune_minutes:
             folder = Path(args.out) / f"finetune-k{k}"
             folder.mkdir(parents=True, exist_ok=True)
-            built[k]["finetune"] = finetune(model, sparse, train_seqs, args.finetune_minutes, folder, seed=args.seed)
+            built[k]["finetune"] = finetune(model, sparse, train_seqs, args.finetune_minutes, folder,
+                                            lr=args.finetune_lr, seed=args.seed)
         built[k] |= {"perplexity": (round(perplexity(sparse, held), 3) if args.finetune_minutes
                                     else built[k]["perplexity_routers_only"]), "layers": layers,
                     **agreement(model, sparse, prompts, replies, args.agree_tokens, stop)}
@@ -379,6 +380,7 @@ def parser() -> Parser:
     p.add_argument("--router-steps", type=int, default=300)
     p.add_argument("--finetune-minutes", type=float, default=0,
                    help="then train routers and experts to match the dense model this long, for each k (resumes)")
+    p.add_argument("--finetune-lr", type=float, default=1e-4)
     p.add_argument("--finetune-conversations", type=int, default=2000,
                    help="train conversations the fine-tune reads (after the routers' own)")
     p.add_argument("--eval-conversations", type=int, default=48, help="held-out conversations for perplexity")
