@@ -201,7 +201,7 @@ def moefy(model, seqs: Sequence[list[int]], experts: int, top_k: int, tokens: in
 
 
 def finetune(dense, sparse, seqs: Sequence[list[int]], minutes: float, folder: Path, lr: float = 5e-5,
-             seed: int = 0, save_every: int = 20) -> dict:
+             seed: int = 0, save_every: int = 100) -> dict:
     """Train the sparse model's MLP blocks (routers and experts) to match the dense model's next-token
     distribution (KL divergence over every position of `seqs`, one sequence a step) for `minutes` of training
     time, resuming from `folder`/checkpoint.pt when an earlier run left one. Returns the steps and minutes."""
