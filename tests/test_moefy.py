@@ -200,3 +200,30 @@ def test_a_study_not_run_to_its_end_is_one_line(tmp_path, capsys):
     (tmp_path / "compare" / "routing.json").unlink()
     rc, _, err = run_main(moe.main, ["--run", str(tmp_path), "--out", str(tmp_path / "s.json")], capsys)
     assert_one_line_error(rc, err, "routing.json")
+
+
+def _sparse_copy(seed: int = 5):
+    target = tiny_target(seed=seed)
+    moefy.moefy(target.model, SEQS, EXPERTS, 1, tokens=128, steps=20)
+    return moefy.as_mixtral(target.model)
+
+
+def test_the_fine_tune_brings_the_sparse_model_towards_dense_and_resumes(tmp_path):
+    dense = tiny_target(seed=5).model
+    ids = torch.tensor(SEQS)
+
+    def kl(model) -> float:
+        with torch.no_grad():
+            want = torch.log_softmax(dense(ids).logits, -1)
+            got = torch.log_softmax(model(ids).logits, -1)
+        return float(torch.nn.functional.kl_div(got, want, log_target=True, reduction="none").sum(-1).mean())
+
+    sparse = _sparse_copy()
+    before = kl(sparse)
+    done = moefy.finetune(dense, sparse, SEQS, minutes=10, folder=tmp_path, lr=3e-3, save_every=4, max_steps=10)
+    assert done["steps"] == 10 and kl(sparse) < 0.9 * before, (done, before, kl(sparse))
+    again = _sparse_copy()  # rebuilt as a rerun does: the checkpoint carries it to where the first run stopped
+    resumed = moefy.finetune(dense, again, SEQS, minutes=10, folder=tmp_path, lr=3e-3, max_steps=10)
+    assert resumed["steps"] == done["steps"]
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, sparse(ids).logits)

@@ -201,10 +201,11 @@ def moefy(model, seqs: Sequence[list[int]], experts: int, top_k: int, tokens: in
 
 
 def finetune(dense, sparse, seqs: Sequence[list[int]], minutes: float, folder: Path, lr: float = 5e-5,
-             seed: int = 0, save_every: int = 100) -> dict:
+             seed: int = 0, save_every: int = 100, max_steps: int | None = None) -> dict:
     """Train the sparse model's MLP blocks (routers and experts) to match the dense model's next-token
     distribution (KL divergence over every position of `seqs`, one sequence a step) for `minutes` of training
-    time, resuming from `folder`/checkpoint.pt when an earlier run left one. Returns the steps and minutes."""
+    time (or `max_steps` steps, if fewer), resuming from `folder`/checkpoint.pt when an earlier run left one.
+    Returns the steps and minutes."""
     import time
 
     from fasteagle.files import torch_save
@@ -224,7 +225,7 @@ def finetune(dense, sparse, seqs: Sequence[list[int]], minutes: float, folder: P
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
     bar = tqdm(total=round(minutes * 60), initial=round(state["seconds"]), desc="fine-tune", unit="s")
     sparse.train()
-    while state["seconds"] < minutes * 60:
+    while state["seconds"] < minutes * 60 and (max_steps is None or state["step"] < max_steps):
         t0 = time.monotonic()
         ids = torch.tensor([seqs[order[state["step"] % len(order)]]])
         with torch.no_grad():
@@ -235,12 +236,12 @@ def finetune(dense, sparse, seqs: Sequence[list[int]], minutes: float, folder: P
         loss.backward()
         opt.step()
         state["step"] += 1
-        state["losses"].append(round(float(loss), 4))
+        state["losses"].append(round(loss.item(), 4))
         spent = time.monotonic() - t0
         state["seconds"] += spent
         bar.update(round(spent))
-        bar.set_postfix(kl=f"{float(loss):.3f}", step=state["step"])
-        if state["step"] % save_every == 0 or state["seconds"] >= minutes * 60:
+        bar.set_postfix(kl=f"{state['losses'][-1]:.3f}", step=state["step"])
+        if state["step"] % save_every == 0 or state["seconds"] >= minutes * 60 or state["step"] == max_steps:
             mlp = {n: v for n, v in sparse.state_dict().items() if ".mlp." in n}
             torch_save({"model": mlp, "optimizer": opt.state_dict(), "state": state}, ckpt)
     bar.close()
