@@ -158,3 +158,17 @@ def _names(text: str) -> list[str]:
 def command_line() -> str:
     """The command line that produced a result, stored in it (the docs cite it)."""
     return "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def module_command(module: str, argv: list[str] | None = None) -> str:
+    """`python -m MODULE ARGS` as typed (ARGS: `argv`, default this process's)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def result_command(module: str, argv: list[str] | None = None) -> str:
+    """What a result joined from a run folder records as the command that makes it: run as a step of a recipe
+    of steps, that recipe's command for the step (FASTEAGLE_RECIPE_STEP; its run folder is the recipe's), else
+    `module_command`."""
+    from fasteagle.env import env
+
+    return env().recipe_step or module_command(module, argv)

@@ -121,14 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    import shlex
-    import sys
-
-    from fasteagle.env import env
+    from fasteagle.cli_args import result_command
 
     check_writable(args.out, "--out")
-    own = "python -m fasteagle.bench.moe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    doc = {"moe_study": study(Path(args.run)), "command": env().recipe_step or own}  # the recipe makes it again
+    doc = {"moe_study": study(Path(args.run)), "command": result_command("fasteagle.bench.moe")}
     write_text(args.out, json.dumps(doc, indent=1) + "\n")
     write_text(Path(args.out).with_suffix(".md"), markdown(doc))
     print(f"wrote {args.out}")

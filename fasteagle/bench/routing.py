@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args) -> int:
     from fasteagle.bench.prompts import load_prompts
-    from fasteagle.cli_args import command_line, named_drafters
+    from fasteagle.cli_args import module_command, named_drafters
     from fasteagle.generate import chat_prompt_ids
     from fasteagle.methods import load_drafter
     from fasteagle.target import load_target
@@ -133,7 +133,7 @@ def _run(args) -> int:
     target = load_target(args.target, device="cpu", dtype="fp32")
     prompts = [chat_prompt_ids(target, p["text"]).flatten().tolist() for p in rows]
     drafters = {label: load_drafter(folder, target.model) for label, folder in named}
-    result = {"command": command_line().replace("python -m fasteagle ", "python -m fasteagle.bench.routing ", 1),
+    result = {"command": module_command("fasteagle.bench.routing"),
               "target": target.name, "prompts": len(prompts), "prompt_files": files, "depth": args.depth,
               "max_new_tokens": args.max_new_tokens, "drafters": analyse(target, drafters, prompts, args.depth,
                                                                          args.max_new_tokens)}

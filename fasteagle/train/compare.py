@@ -296,15 +296,11 @@ def _vllm_labels(command: str, facts: dict) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import shlex
-
-    from fasteagle.env import env
+    from fasteagle.cli_args import result_command
     from fasteagle.errors import run_command
 
     args = parser().parse_args(argv)
-    # run as a recipe's step, the recipe command makes it again (this one reads that recipe's run folder)
-    command = env().recipe_step or shlex.join(["python", "-m", "fasteagle.train.compare",
-                                               *(argv if argv is not None else sys.argv[1:])])
+    command = result_command("fasteagle.train.compare", argv)
 
     def go() -> int:
         from fasteagle.cli_args import label_pairs

@@ -534,7 +534,6 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load(args.recipe)
         recipe.out = args.out or recipe.out
         if isinstance(recipe, step_recipes.StepRecipe):
-            recipe.source = args.recipe
             shipping = names == ["ship"] and recipe.ship and "ship" not in {s.name for s in recipe.steps}
             if only is not None and not shipping:
                 raise FastEagleError("--drafters narrows what a recipe of steps ships (--stages ship); to run some "

@@ -67,7 +67,7 @@ class StepRecipe:
     log: str = ""  # the training_log.json of the drafter this recipe made (its stages: the steps' `stage`)
     ship: dict = field(default_factory=dict)  # step name -> the shipped drafter folder it adds a stage to
     out: str = ""  # where it all goes (default: runs/<the recipe file's name>)
-    source: str = ""  # the recipe file it was read from (set on loading, not in the file)
+    source: str = ""  # the recipe file it was read from (`load` sets it; not a field of the file)
 
     def argv(self, step: Step) -> list[str]:
         """The step's arguments with {out} and {configs} filled in."""
@@ -96,6 +96,7 @@ def load(path: str | Path, raw: dict) -> StepRecipe:
     what = f"recipe {path}"
     recipe = from_json(StepRecipe, raw, what)
     recipe.out = recipe.out or str(Path("runs") / Path(path).stem)
+    recipe.source = str(path)
     if not isinstance(recipe.steps, list) or not recipe.steps:
         raise FastEagleError(f"{what}: steps must be a non-empty list")
     recipe.steps = [from_json(Step, s, f"{what}, step {i + 1}") for i, s in enumerate(recipe.steps)]
