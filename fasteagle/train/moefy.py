@@ -5,8 +5,9 @@
 No MoE weights can be fetched here, so the nearest real sparse model is the default target's own MLPs split
 into experts. Each MLP's neurons are clustered by when they fire (balanced k-means over their activations on
 train conversations) into E experts of equal width; a router per layer is trained to pick, for each token, the
-k experts whose outputs matter most, and to weigh them so that their sum stands in for the dense MLP's. Layer
-by layer, each router is fitted on the inputs that the sparse layers below it produce. Every k asked for is
+k experts whose outputs matter most, and to weigh them so that their sum stands in for the dense MLP's; then
+the block's experts and router are trained together on that same aim (`--block-steps`). Layer by layer, each
+block is fitted on the inputs that the sparse layers below it produce. Every k asked for is
 built and measured against the dense model (perplexity on held-out chat replies; agreement of greedy
 replies); the sparsest within `--max-ppl-ratio` of dense is saved to OUT/sparse as a stock `mixtral`
 checkpoint, which our engine, the trainer and the bench load like any target.
@@ -169,6 +170,29 @@ def fit_router(parts: torch.Tensor, x: torch.Tensor, k: int, steps: int = 300, l
     return weight.detach(), float(err)
 
 
+def fit_block(block, x: torch.Tensor, dense: torch.Tensor, steps: int = 400, lr: float = 1e-3, batch: int = 512,
+              seed: int = 0) -> float:
+    """Train a built block's experts and router (in place) so that its output matches the dense MLP's (`dense`,
+    [N, H]) on the inputs `x`, through the stock Mixtral block itself: no neuron group alone can stand in for
+    the neurons a token's unchosen experts hold, but trained together the chosen ones can make up part of
+    them. Returns the block's error afterwards (as `fit_router`'s) on all of `x`."""
+    power = dense.pow(2).sum(-1).mean()
+    params = [p for p in block.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(params, lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        rows = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
+        err = (block(x[rows][None])[0] - dense[rows]).pow(2).sum(-1).mean() / power
+        opt.zero_grad()
+        err.backward()
+        opt.step()
+    block.requires_grad_(False)
+    with torch.no_grad():
+        return float((block(x[None])[0] - dense).pow(2).sum(-1).mean() / power)
+
+
 @torch.no_grad()
 def expert_parts(mlp, groups: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """[N, E, H]: each neuron group's share of the dense MLP's output (their sum is the MLP's output)."""
@@ -178,10 +202,11 @@ def expert_parts(mlp, groups: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def moefy(model, seqs: Sequence[list[int]], experts: int, top_k: int, tokens: int = 8192, steps: int = 300,
-          seed: int = 0) -> list[dict]:
+          block_steps: int = 0, block_lr: float = 1e-3, seed: int = 0) -> list[dict]:
     """Turn `model` (a Llama-shaped causal LM, changed in place) into a Mixtral-shaped one, layer by layer from
     the bottom: cluster the layer's neurons, build its block, fit its router on the inputs the sparse layers
-    below produce. Returns each layer's router error (see `fit_router`)."""
+    below produce, then (`block_steps`) its experts and router together (`fit_block`). Returns each layer's
+    error after each fit."""
     config = mixtral_config(model.config, experts, top_k)
     stats = []
     layers = model.model.layers
@@ -190,12 +215,15 @@ def moefy(model, seqs: Sequence[list[int]], experts: int, top_k: int, tokens: in
         x = mlp_inputs(model, i, seqs, tokens, seed=seed + i)
         with torch.no_grad():
             groups = neuron_groups(activations(mlp, x[:4096]), experts, seed=seed)
-        weight, err = fit_router(expert_parts(mlp, groups, x), x, top_k, steps=steps, seed=seed)
+        parts = expert_parts(mlp, groups, x)
+        weight, err = fit_router(parts, x, top_k, steps=steps, seed=seed)
         block = moe_block(config, mlp, groups)
         with torch.no_grad():
             block.gate.weight.copy_(weight)
-        layers[i].mlp = block
         stats.append({"layer": i, "router_error": round(err, 4)})
+        if block_steps:
+            stats[-1]["block_error"] = round(fit_block(block, x, parts.sum(1), block_steps, block_lr, seed=seed), 4)
+        layers[i].mlp = block
     model.config = config
     return stats
 
@@ -324,7 +352,7 @@ def build(args) -> dict:
     for k in args.top_k:
         sparse = copy.deepcopy(model)
         layers = moefy(sparse, calib, args.experts, k, tokens=args.calib_tokens, steps=args.router_steps,
-                       seed=args.seed)
+                       block_steps=args.block_steps, block_lr=args.block_lr, seed=args.seed)
         sparse = as_mixtral(sparse)
         built[k] = {"perplexity_routers_only": round(perplexity(sparse, held), 3)}
         if args.finetune_minutes:
@@ -349,7 +377,8 @@ def build(args) -> dict:
             "held_out": {"conversations": len(held), "reply_tokens": sum(sum(m[1:]) for _, m in held),
                          "agreement_prompts": len(prompts), "agreement_tokens": args.agree_tokens},
             "calibration": {"conversations": len(calib), "tokens_per_layer": args.calib_tokens,
-                            "router_steps": args.router_steps, "seed": args.seed},
+                            "router_steps": args.router_steps, "block_steps": args.block_steps,
+                            "block_lr": args.block_lr, "seed": args.seed},
             "finetune": {"minutes": args.finetune_minutes, "conversations": len(train_seqs)},
             "top_k": {str(k): q for k, q in built.items()}}
 
@@ -379,6 +408,9 @@ def parser() -> Parser:
     p.add_argument("--calib-conversations", type=int, default=24, help="train conversations the routers see")
     p.add_argument("--calib-tokens", type=int, default=8192, help="tokens per layer the routers are fitted on")
     p.add_argument("--router-steps", type=int, default=300)
+    p.add_argument("--block-steps", type=int, default=400,
+                   help="then train each block's experts and router together on its own output (0: routers only)")
+    p.add_argument("--block-lr", type=float, default=1e-3)
     p.add_argument("--finetune-minutes", type=float, default=0,
                    help="then train routers and experts to match the dense model this long, for each k (resumes)")
     p.add_argument("--finetune-lr", type=float, default=1e-4)
