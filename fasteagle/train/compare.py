@@ -221,6 +221,8 @@ def parser():
     p.add_argument("--vllm", default="", help="comma list of LABEL=RESULT: `bench --engine vllm --repeats` results")
     p.add_argument("--drafters", required=True, help="comma list of LABEL=FOLDER: the drafters compared")
     p.add_argument("--out", required=True, help="the joined result JSON (its .md table and .html chart beside it)")
+    p.add_argument("--snapshot", default=None, metavar="WHY",
+                   help="the result measured a drafter as it was, before it changed (`bench --rerun` keeps it)")
     return p
 
 
@@ -307,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
 
         pairs = {flag: dict(label_pairs(getattr(args, flag), f"--{flag}", value))
                  for flag, value in (("ours", "RESULT"), ("vllm", "RESULT"), ("drafters", "FOLDER"))}
-        write_side_by_side(join(pairs["ours"], pairs["vllm"], pairs["drafters"], command), Path(args.out))
+        doc = join(pairs["ours"], pairs["vllm"], pairs["drafters"], command)
+        write_side_by_side(doc | ({"snapshot": args.snapshot} if args.snapshot else {}), Path(args.out))
         return 0
 
     return run_command(go)
