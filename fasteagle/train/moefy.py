@@ -354,14 +354,16 @@ def build(args) -> dict:
         layers = moefy(sparse, calib, args.experts, k, tokens=args.calib_tokens, steps=args.router_steps,
                        block_steps=args.block_steps, block_lr=args.block_lr, seed=args.seed)
         sparse = as_mixtral(sparse)
-        built[k] = {"perplexity_routers_only": round(perplexity(sparse, held), 3)}
+        before = built[k] = {"perplexity_before_finetune": round(perplexity(sparse, held), 3)}
+        tqdm.write(f"k={k}/{args.experts} before any fine-tune: perplexity "
+                   f"{before['perplexity_before_finetune']:.2f} (dense {dense_ppl:.2f})")
         if args.finetune_minutes:
             folder = Path(args.out) / f"finetune-k{k}"
             folder.mkdir(parents=True, exist_ok=True)
             built[k]["finetune"] = finetune(model, sparse, train_seqs, args.finetune_minutes, folder,
                                             lr=args.finetune_lr, seed=args.seed)
         built[k] |= {"perplexity": (round(perplexity(sparse, held), 3) if args.finetune_minutes
-                                    else built[k]["perplexity_routers_only"]), "layers": layers,
+                                    else built[k]["perplexity_before_finetune"]), "layers": layers,
                     **agreement(model, sparse, prompts, replies, args.agree_tokens, stop)}
         built[k]["perplexity_ratio"] = round(built[k]["perplexity"] / dense_ppl, 3)
         models[k] = sparse
