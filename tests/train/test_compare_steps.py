@@ -85,9 +85,11 @@ def test_bench_results_join_into_one_table_and_chart(tiny, tmp_path, monkeypatch
     assert doc["command"].startswith("python -m fasteagle.train.compare --ours held/chain2=")
     step = "python -m fasteagle.train.recipe r.json --out runs/r --stages compare"  # run as a recipe's step
     monkeypatch.setenv("FASTEAGLE_RECIPE_STEP", step)
+    assert "snapshot" not in doc  # a result of drafters as they are; --snapshot: of one since changed
     assert compare.main(["--ours", f"held/chain2={ours}", "--drafters", f"cascade={folders['cascade']}",
-                         "--out", str(out)]) == 0
+                         "--out", str(out), "--snapshot", "cascade before its retrain"]) == 0
     assert json.loads(out.read_text())["command"] == step
+    assert json.loads(out.read_text())["snapshot"] == "cascade before its retrain"
     capsys.readouterr()
     assert compare.main(["--ours", f"chain2={ours}", "--drafters", f"cascade={folders['cascade']}",
                          "--out", str(out)]) == 2
