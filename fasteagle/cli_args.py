@@ -157,7 +157,7 @@ def _names(text: str) -> list[str]:
 
 def command_line() -> str:
     """The command line that produced a result, stored in it (the docs cite it)."""
-    return "python -m fasteagle " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return module_command("fasteagle")
 
 
 def module_command(module: str, argv: list[str] | None = None) -> str:

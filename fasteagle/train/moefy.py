@@ -146,6 +146,13 @@ def mix(parts: torch.Tensor, logits: torch.Tensor, k: int) -> torch.Tensor:
     return k * (w[..., None] * chosen).sum(1)
 
 
+def relative_error(out: torch.Tensor, dense: torch.Tensor, power: torch.Tensor | None = None) -> torch.Tensor:
+    """A block's squared error over the dense MLP's output power (`out`, `dense`: [N, H]; `power`: that of all
+    the tokens a batch is drawn from, default `dense`'s own): 0 is the dense MLP, 1 writing nothing."""
+    power = dense.pow(2).sum(-1).mean() if power is None else power
+    return (out - dense).pow(2).sum(-1).mean() / power
+
+
 def fit_router(parts: torch.Tensor, x: torch.Tensor, k: int, steps: int = 300, lr: float = 1e-2,
                batch: int = 1024, seed: int = 0) -> tuple[torch.Tensor, float]:
     """A router ([E, H]) for one layer, and its error (the block's squared error over the dense MLP's output
@@ -160,13 +167,13 @@ def fit_router(parts: torch.Tensor, x: torch.Tensor, k: int, steps: int = 300, l
     for _ in range(steps):
         rows = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
         logits = x[rows] @ weight.T
-        err = (mix(parts[rows], logits, k) - dense[rows]).pow(2).sum(-1).mean() / power
+        err = relative_error(mix(parts[rows], logits, k), dense[rows], power)
         loss = err + F.binary_cross_entropy_with_logits(logits, label[rows])
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
-        err = (mix(parts, x @ weight.T, k) - dense).pow(2).sum(-1).mean() / power
+        err = relative_error(mix(parts, x @ weight.T, k), dense)
     return weight.detach(), float(err)
 
 
@@ -177,20 +184,18 @@ def fit_block(block, x: torch.Tensor, dense: torch.Tensor, steps: int = 400, lr:
     the neurons a token's unchosen experts hold, but trained together the chosen ones can make up part of
     them. Returns the block's error afterwards (as `fit_router`'s) on all of `x`."""
     power = dense.pow(2).sum(-1).mean()
-    params = [p for p in block.parameters()]
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.Adam(params, lr=lr)
+    block.requires_grad_(True)
+    opt = torch.optim.Adam(block.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         rows = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
-        err = (block(x[rows][None])[0] - dense[rows]).pow(2).sum(-1).mean() / power
+        err = relative_error(block(x[rows][None])[0], dense[rows], power)
         opt.zero_grad()
         err.backward()
         opt.step()
     block.requires_grad_(False)
     with torch.no_grad():
-        return float((block(x[None])[0] - dense).pow(2).sum(-1).mean() / power)
+        return float(relative_error(block(x[None])[0], dense))
 
 
 @torch.no_grad()

@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -508,9 +507,9 @@ def ship_steps(recipe: step_recipes.StepRecipe, only: list[str] | None = None, h
 
 
 def _command() -> str:
-    import shlex
+    from fasteagle.cli_args import module_command
 
-    return "python -m fasteagle.train.recipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return module_command("fasteagle.train.recipe")
 
 
 def main(argv: list[str] | None = None) -> int:
