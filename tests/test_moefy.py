@@ -245,3 +245,33 @@ def test_the_fine_tune_brings_the_sparse_model_towards_dense_and_resumes(tmp_pat
     assert resumed["steps"] == done["steps"]
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, sparse(ids).logits)
+
+
+def test_a_build_is_kept_and_read_back_and_other_settings_make_the_old_fine_tune_stale(tmp_path, monkeypatch):
+    """A resumed study does not rebuild: the same settings read the saved build back (no `moefy` call, the same
+    logits); other settings rebuild and remove the fine-tune checkpoint made on the old build."""
+    args = moefy.parser().parse_args(["--out", str(tmp_path), "--experts", str(EXPERTS), "--top-k", "1",
+                                      "--calib-tokens", "128", "--router-steps", "20", "--block-steps", "5"])
+    model = tiny_target(seed=6).model
+    held = [(ids, [1] * len(ids)) for ids in SEQS]
+    first, made = moefy.build_once(model, SEQS, held, args, 1)
+    assert made["settings"]["block_steps"] == 5 and made["perplexity_before_finetune"] > 1
+    assert (tmp_path / "built-k1" / "build.json").exists()
+    real = moefy.moefy
+
+    def no_rebuild(*_a, **_k):
+        raise AssertionError("rebuilt")
+
+    monkeypatch.setattr(moefy, "moefy", no_rebuild)
+    again, same = moefy.build_once(model, SEQS, held, args, 1)
+    assert same == made
+    ids = torch.tensor(SEQS[0][:16])[None]
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, first(ids).logits)
+    monkeypatch.setattr(moefy, "moefy", real)
+    ckpt = tmp_path / "finetune-k1" / "checkpoint.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"old")
+    args.block_steps = 6
+    _, other = moefy.build_once(model, SEQS, held, args, 1)
+    assert other["settings"]["block_steps"] == 6 and not ckpt.exists()

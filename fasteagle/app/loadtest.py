@@ -42,6 +42,7 @@ import httpx
 from fasteagle import files
 from fasteagle.app.examples import EXAMPLES, default_max_new
 from fasteagle.bench.prompts import load_prompts
+from fasteagle.cli_args import module_command
 from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.methods import default_budget
 
@@ -238,7 +239,7 @@ def first_runs(args: argparse.Namespace) -> int:
           f"(ratio {med_first / med_idle:.3f}, {len(ok)} starts, {args.method}, {args.max_new_tokens} tokens)")
     if args.out:
         files.write_text(args.out, json.dumps({
-            "command": "python -m fasteagle.app.loadtest " + " ".join(sys.argv[1:]),
+            "command": module_command("fasteagle.app.loadtest"),
             "summary": {"first_speedup_median": med_first, "idle_speedup_median": med_idle,
                         "ratio": med_first / med_idle, "starts": len(ok)},
             "settings": {"method": args.method, "max_new_tokens": args.max_new_tokens, "prompt": prompt,
@@ -284,7 +285,7 @@ def report(args: argparse.Namespace, results: list[dict], wall: float) -> None:
     if args.out:
         load = os.getloadavg()
         files.write_text(args.out, json.dumps({
-            "command": "python -m fasteagle.app.loadtest " + " ".join(sys.argv[1:]), "summary": s,
+            "command": module_command("fasteagle.app.loadtest"), "summary": s,
             "settings": {"clients": args.clients, "examples": args.examples, "method": args.method,
                          "max_new_tokens": args.max_new_tokens, "cpus": os.cpu_count(),
                          "load_average_after": [round(x, 2) for x in load],

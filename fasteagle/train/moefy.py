@@ -10,7 +10,8 @@ the block's experts and router are trained together on that same aim (`--block-s
 block is fitted on the inputs that the sparse layers below it produce. Every k asked for is
 built and measured against the dense model (perplexity on held-out chat replies; agreement of greedy
 replies); the sparsest within `--max-ppl-ratio` of dense is saved to OUT/sparse as a stock `mixtral`
-checkpoint, which our engine, the trainer and the bench load like any target.
+checkpoint, which our engine, the trainer and the bench load like any target. Each build is kept in
+OUT/built-kK and the fine-tune resumes from its checkpoint, so a run stopped part way goes on where it was.
 
 It is not a pretrained MoE: its experts were learned densely and only its routing is sparse. It shows what
 sparse, token-dependent routing does to the features a drafter reads; not what MoE pretraining does.
@@ -337,10 +338,43 @@ def choose(dense_ppl: float, built: dict[int, dict], max_ratio: float) -> tuple[
     return min(built, key=lambda k: built[k]["perplexity"]), False
 
 
-def build(args) -> dict:
-    """Every k asked for, built and measured; the chosen one saved. Returns what quality.json holds."""
+def build_once(model, calib, held, args, k: int):
+    """(the top-`k` sparse copy of `model`, {settings, layers, perplexity_before_finetune}): built by `moefy` and
+    saved to OUT/built-k{k}, or read back from there when an earlier run with the same build settings left it,
+    so that a fine-tune resumed in a later session does not redo the build (most of 20 minutes here). A build
+    with other settings makes the fine-tune checkpoint of the old one stale: it is removed."""
     import copy
 
+    from transformers import MixtralForCausalLM
+
+    folder = Path(args.out) / f"built-k{k}"
+    settings = {"target": args.target, "experts": args.experts, "top_k": k, "max_len": args.max_len,
+                "calib_conversations": args.calib_conversations, "calib_tokens": args.calib_tokens,
+                "router_steps": args.router_steps, "block_steps": args.block_steps, "block_lr": args.block_lr,
+                "seed": args.seed}
+    record = folder / "build.json"
+    if record.exists():
+        made = json.loads(record.read_text())
+        if made["settings"] == settings:
+            tqdm.write(f"k={k}/{args.experts}: the build in {folder} has these settings: read back, not rebuilt")
+            return MixtralForCausalLM.from_pretrained(folder, dtype=model.dtype).eval(), made
+        stale = Path(args.out) / f"finetune-k{k}" / "checkpoint.pt"
+        if stale.exists():
+            stale.unlink()
+            tqdm.write(f"removed {stale}: it fine-tuned a build with other settings")
+    sparse = copy.deepcopy(model)
+    layers = moefy(sparse, calib, args.experts, k, tokens=args.calib_tokens, steps=args.router_steps,
+                   block_steps=args.block_steps, block_lr=args.block_lr, seed=args.seed)
+    sparse = as_mixtral(sparse)
+    made = {"settings": settings, "layers": layers, "perplexity_before_finetune": round(perplexity(sparse, held), 3)}
+    record.unlink(missing_ok=True)  # no record beside weights half written
+    sparse.save_pretrained(folder)
+    write_text(record, json.dumps(made, indent=1) + "\n")
+    return sparse, made
+
+
+def build(args) -> dict:
+    """Every k asked for, built and measured; the chosen one saved. Returns what quality.json holds."""
     from fasteagle.target import load_target
 
     dense = load_target(args.target, device="cpu", dtype="fp32", pack=False)
@@ -355,13 +389,11 @@ def build(args) -> dict:
     dense_ppl = perplexity(model, held)
     built, models = {}, {}
     for k in args.top_k:
-        sparse = copy.deepcopy(model)
-        layers = moefy(sparse, calib, args.experts, k, tokens=args.calib_tokens, steps=args.router_steps,
-                       block_steps=args.block_steps, block_lr=args.block_lr, seed=args.seed)
-        sparse = as_mixtral(sparse)
-        before = built[k] = {"perplexity_before_finetune": round(perplexity(sparse, held), 3)}
+        sparse, made = build_once(model, calib, held, args, k)
+        built[k] = {"perplexity_before_finetune": made["perplexity_before_finetune"]}
+        layers = made["layers"]
         tqdm.write(f"k={k}/{args.experts} before any fine-tune: perplexity "
-                   f"{before['perplexity_before_finetune']:.2f} (dense {dense_ppl:.2f})")
+                   f"{built[k]['perplexity_before_finetune']:.2f} (dense {dense_ppl:.2f})")
         if args.finetune_minutes:
             folder = Path(args.out) / f"finetune-k{k}"
             folder.mkdir(parents=True, exist_ok=True)
