@@ -207,10 +207,19 @@ def test_the_study_report_joins_its_files_and_says_the_ratio(tmp_path):
     s = doc["moe_study"]
     assert rc == 0 and s["tau"]["sparse/cascade"] == [1.09, 0.02]
     assert s["cascade_tau_sparse_over_dense"] == round(1.09 / 1.21, 3)
-    assert s["arms"]["dense/cascade"][0]["loss_by_depth"]["100"] == [4.0, 6.0]
+    assert s["arms"]["dense/cascade"][0]["loss_curve"] == {"steps": [50, 100, 150, 220],
+                                                          "loss": [[4.5, 4.0, 3.5, 2.8], [6.0] * 4]}
     table = markdown_table(doc)
     assert "top-2 of 16 experts" in table and "1.090 ± 0.010" in table and "0.40 (10)" in table
+    assert "100: 4.00, 6.00 / 150: 3.50, 6.00 / 220: 2.80, 6.00" in table  # the curve's points, the last included
     assert (tmp_path / "study.md").read_text() == table
+    chart = (tmp_path / "study.html").read_text()
+    assert "sparse, depth 2" in chart and "training step" in chart
+
+
+def test_the_loss_table_points_are_evenly_spaced_and_end_at_the_last():
+    assert moe.table_points(4) == [1, 2, 3] and moe.table_points(1) == [0] and moe.table_points(0) == []
+    assert moe.table_points(41) == [10, 20, 30, 40]
 
 
 def test_a_study_not_run_to_its_end_is_one_line(tmp_path, capsys):

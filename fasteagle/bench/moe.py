@@ -3,9 +3,10 @@
     python -m fasteagle.bench.moe --run runs/moe --out bench/results/cpu-smollm2-135m-moe-study.json
 
 The sparse target's quality against the dense one; for each target, arm (cascade, EAGLE-3-style) and seed, the
-training loss per depth against steps, tau and acceptance per depth on the held-out chains, speed in our
-engine; the cascade's tau on the sparse target as a share of its tau on the dense one (both seeds' mean, with
-the spread over seeds); and the routing at the drafters' feature layers against their misses.
+training loss per depth against steps (charted in an .html beside the result), tau and acceptance per depth on the
+held-out chains, speed in our engine; the cascade's tau on the sparse target as a share of its tau on the dense one
+(both seeds' mean, with the spread over seeds); and the routing at the drafters' feature layers against their
+misses.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from fasteagle.errors import FastEagleError, Parser, run_command
 from fasteagle.files import check_writable, write_text
 
 TARGETS, ARMS, SEEDS = ("dense", "sparse"), ("cascade", "eagle3"), (0, 1)
-CURVE_STEPS = (50, 100, 150, 220)  # the training steps the loss table shows
+TABLE_POINTS = 4  # the loss table shows each curve at this many evenly spaced logged steps, the last included
+TABLE_DEPTHS = 3
 
 
 def _read(path: Path) -> dict:
@@ -30,18 +32,21 @@ def _read(path: Path) -> dict:
         raise FastEagleError(f"{path} is not JSON ({exc.msg})") from None
 
 
+def loss_curve(history: list[dict]) -> dict:
+    """{steps, loss}: the training loss of every depth at every logged step (loss[d-1] is depth d's)."""
+    depths = sorted(int(k[4:]) for k in history[-1] if k.startswith("loss") and k[4:].isdigit())
+    return {"steps": [h["step"] for h in history], "loss": [[round(h[f"loss{d}"], 3) for h in history] for d in depths]}
+
+
 def arm(run: Path, target: str, name: str, seed: int, bench: dict) -> dict:
-    """One trained drafter: its loss per depth at CURVE_STEPS, training minutes, and its held-out chains."""
+    """One trained drafter: its loss curve per depth, training minutes, and its held-out chains."""
     label = f"{name}-s{seed}"
     history = _read(run / target / label / "history.json")
-    depths = sorted(int(k[4:]) for k in history[-1] if k.startswith("loss") and k[4:].isdigit())
-    curve = {str(s): [round(h[f"loss{d}"], 3) for d in depths]
-             for s in CURVE_STEPS for h in history if h["step"] == s}
     m = bench["methods"].get(label)
     if m is None:
         raise FastEagleError(f"{target}'s chains have no method {label}")
     return {"steps": history[-1]["step"], "minutes": _read(run / "done" / f"{target}-{label}.json")["minutes"],
-            "loss_by_depth": curve, "tau": m["tau"], "depth_acceptance": m["depth_acceptance"],
+            "loss_curve": loss_curve(history), "tau": m["tau"], "depth_acceptance": m["depth_acceptance"],
             "speedup_vs_vanilla": m["speedup_vs_vanilla"], "tokens_per_s": m["tokens_per_s"],
             "identical": f"{m['identical_to_vanilla']}/{m['prompts']}"}
 
@@ -76,20 +81,57 @@ def markdown(doc: dict) -> str:
              + f"), top-1 agreement with dense greedy replies {q['top_k'][k]['top1_agreement']}, identical replies "
              f"{q['top_k'][k]['identical_replies']}/{q['top_k'][k]['replies']}.", "",
              "| target | drafter | tau (2 seeds: mean, spread) | acceptance by depth (seed 0; seed 1) | speedup vs "
-             "vanilla | identical | loss by depth at step " + ", ".join(map(str, CURVE_STEPS)) + " (seed 0) |",
+             f"vanilla | identical | training loss of depths 1-{TABLE_DEPTHS} by step (seed 0) |",
              "|---|---|---|---|---|---|---|"]
     for key, arms in s["arms"].items():
         target, name = key.split("/")
         mean, spread = s["tau"][key]
         acc = "; ".join(", ".join(f"{a:.2f}" for a in x["depth_acceptance"][:3]) for x in arms)
-        loss = " / ".join(", ".join(f"{v:.2f}" for v in arms[0]["loss_by_depth"].get(str(st), [])[:3])
-                          for st in CURVE_STEPS)
+        curve = arms[0]["loss_curve"]
+        loss = " / ".join(f"{curve['steps'][i]}: " + ", ".join(f"{d[i]:.2f}" for d in curve["loss"][:TABLE_DEPTHS])
+                          for i in table_points(len(curve["steps"])))
         lines.append(f"| {target} | {name} | {mean:.3f} ± {spread / 2:.3f} | {acc} | "
                      + ", ".join(f"{x['speedup_vs_vanilla']:.2f}x" for x in arms)
                      + f" | {', '.join(x['identical'] for x in arms)} | {loss} |")
     lines += ["", f"Cascade tau, sparse over dense: {s['cascade_tau_sparse_over_dense']}x (EAGLE-3-style: "
               f"{s['eagle3_tau_sparse_over_dense']}x).", "", _routing_table(s["routing"])]
     return "\n".join(lines) + "\n"
+
+
+def table_points(n: int) -> list[int]:
+    """The indices of TABLE_POINTS evenly spaced entries of an n-long curve, ending at its last."""
+    return sorted({round((n - 1) * (i + 1) / TABLE_POINTS) for i in range(TABLE_POINTS)}) if n else []
+
+
+def chart(doc: dict, path: str | Path) -> None:
+    """Plotly HTML of the study's training loss against steps: a panel per drafter kind, a colour per depth,
+    solid for the dense target and dotted for the sparse one, each seed a line."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    from fasteagle.files import atomic_path
+
+    s = doc["moe_study"]
+    fig = make_subplots(rows=1, cols=len(ARMS), shared_yaxes=True,
+                        subplot_titles=[f"{name}: training loss by depth" for name in ARMS])
+    for col, name in enumerate(ARMS, start=1):
+        for target in TARGETS:
+            for seed, a in zip(SEEDS, s["arms"][f"{target}/{name}"]):
+                curve = a["loss_curve"]
+                for d, losses in enumerate(curve["loss"][:TABLE_DEPTHS + 3], start=1):
+                    fig.add_scatter(x=curve["steps"], y=losses, mode="lines", row=1, col=col,
+                                    name=f"{target}, depth {d}", legendgroup=f"{target}{d}",
+                                    showlegend=col == 1 and seed == SEEDS[0],
+                                    line_color=qualitative.Plotly[(d - 1) % len(qualitative.Plotly)],
+                                    line_dash="solid" if target == "dense" else "dot",
+                                    hovertemplate=f"{target} {name} seed {seed}, depth {d}<br>step %{{x}}: "
+                                                  "loss %{y:.2f}<extra></extra>")
+        fig.update_xaxes(title_text="training step", row=1, col=col)
+    fig.update_yaxes(title_text="cross-entropy (nats)", row=1, col=1)
+    fig.update_layout(title="The MoE study: the drafters' training loss, dense (solid) and sparse (dotted) target",
+                      height=460, template="plotly_white")
+    with atomic_path(path) as tmp:
+        fig.write_html(str(tmp), include_plotlyjs="cdn", div_id=Path(path).stem)
 
 
 def _routing_table(r: dict) -> str:
@@ -127,6 +169,7 @@ def _run(args) -> int:
     doc = {"moe_study": study(Path(args.run)), "command": result_command("fasteagle.bench.moe")}
     write_text(args.out, json.dumps(doc, indent=1) + "\n")
     write_text(Path(args.out).with_suffix(".md"), markdown(doc))
+    chart(doc, Path(args.out).with_suffix(".html"))
     print(f"wrote {args.out}")
     return 0
 

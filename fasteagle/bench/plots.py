@@ -134,3 +134,7 @@ def redraw(result_file: str | Path) -> None:
         equal_training_charts(doc, path.with_suffix(".html"))
     if "side_by_side" in doc:
         side_by_side_chart(doc, path.with_suffix(".html"))
+    if "moe_study" in doc:
+        from fasteagle.bench.moe import chart
+
+        chart(doc, path.with_suffix(".html"))
