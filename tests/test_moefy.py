@@ -261,18 +261,20 @@ def test_a_build_is_kept_and_read_back_and_other_settings_make_the_old_fine_tune
     logits); other settings rebuild and remove the fine-tune checkpoint made on the old build."""
     args = moefy.parser().parse_args(["--out", str(tmp_path), "--experts", str(EXPERTS), "--top-k", "1",
                                       "--calib-tokens", "128", "--router-steps", "20", "--block-steps", "5"])
-    model = tiny_target(seed=6).model
+    dense = tiny_target(seed=6)
+    model = dense.model
     held = [(ids, [1] * len(ids)) for ids in SEQS]
-    first, made = moefy.build_once(model, SEQS, held, args, 1)
+    first, made = moefy.build_once(model, dense.tokenizer, SEQS, held, args, 1)
     assert made["settings"]["block_steps"] == 5 and made["perplexity_before_finetune"] > 1
     assert (tmp_path / "built-k1" / "build.json").exists()
+    assert load_target(str(tmp_path / "built-k1"), device="cpu", dtype="fp32").model.config.model_type == "mixtral"
     real = moefy.moefy
 
     def no_rebuild(*_a, **_k):
         raise AssertionError("rebuilt")
 
     monkeypatch.setattr(moefy, "moefy", no_rebuild)
-    again, same = moefy.build_once(model, SEQS, held, args, 1)
+    again, same = moefy.build_once(model, dense.tokenizer, SEQS, held, args, 1)
     assert same == made
     ids = torch.tensor(SEQS[0][:16])[None]
     with torch.no_grad():
@@ -282,5 +284,5 @@ def test_a_build_is_kept_and_read_back_and_other_settings_make_the_old_fine_tune
     ckpt.parent.mkdir()
     ckpt.write_bytes(b"old")
     args.block_steps = 6
-    _, other = moefy.build_once(model, SEQS, held, args, 1)
+    _, other = moefy.build_once(model, dense.tokenizer, SEQS, held, args, 1)
     assert other["settings"]["block_steps"] == 6 and not ckpt.exists()

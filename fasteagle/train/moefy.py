@@ -338,11 +338,12 @@ def choose(dense_ppl: float, built: dict[int, dict], max_ratio: float) -> tuple[
     return min(built, key=lambda k: built[k]["perplexity"]), False
 
 
-def build_once(model, calib, held, args, k: int):
+def build_once(model, tokenizer, calib, held, args, k: int):
     """(the top-`k` sparse copy of `model`, {settings, layers, perplexity_before_finetune}): built by `moefy` and
-    saved to OUT/built-k{k}, or read back from there when an earlier run with the same build settings left it,
-    so that a fine-tune resumed in a later session does not redo the build (most of 20 minutes here). A build
-    with other settings makes the fine-tune checkpoint of the old one stale: it is removed."""
+    saved to OUT/built-k{k} (a checkpoint our engine and vLLM load, the tokenizer beside it), or read back from
+    there when an earlier run with the same build settings left it, so that a fine-tune resumed in a later
+    session does not redo the build (most of 20 minutes here). A build with other settings makes the fine-tune
+    checkpoint of the old one stale: it is removed."""
     import copy
 
     from transformers import MixtralForCausalLM
@@ -369,6 +370,7 @@ def build_once(model, calib, held, args, k: int):
     made = {"settings": settings, "layers": layers, "perplexity_before_finetune": round(perplexity(sparse, held), 3)}
     record.unlink(missing_ok=True)  # no record beside weights half written
     sparse.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     write_text(record, json.dumps(made, indent=1) + "\n")
     return sparse, made
 
@@ -389,7 +391,7 @@ def build(args) -> dict:
     dense_ppl = perplexity(model, held)
     built, models = {}, {}
     for k in args.top_k:
-        sparse, made = build_once(model, calib, held, args, k)
+        sparse, made = build_once(model, tok, calib, held, args, k)
         built[k] = {"perplexity_before_finetune": made["perplexity_before_finetune"]}
         layers = made["layers"]
         tqdm.write(f"k={k}/{args.experts} before any fine-tune: perplexity "
