@@ -79,8 +79,9 @@ def _bench_update_docs(args) -> int:
 def _bench_rerun(args) -> int:
     from fasteagle.bench import rerun
 
-    found = rerun.stale(_names(args.rerun))
-    print(rerun.describe(found))
+    current: list[Path] = []
+    found = rerun.stale(_names(args.rerun), current=current)
+    print(rerun.describe(found, len(current)))
     if not args.dry_run and found:
         for path in rerun.rerun(found, list(DOCS)):
             print(f"updated {path.as_posix()}")

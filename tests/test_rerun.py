@@ -109,7 +109,11 @@ def test_a_result_measured_since_its_drafter_changed_is_not_stale(tmp_path):
     result.write_text(json.dumps(doc | {"partial": {"prompts_done": 1, "prompts": 2}}))
     assert [s.path.name for s in rerun.stale(["drafters/d"], tmp_path)] == ["cpu-a.json"]  # a rerun stopped midway
     result.write_text(json.dumps(doc) + "\n")
-    assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured, not committed yet
+    current = []
+    assert rerun.stale(["drafters/d"], tmp_path, current) == []  # remeasured, not committed yet
+    assert current == [Path("bench/results/cpu-a.json")]
+    assert rerun.describe([], len(current)) == ("nothing to rerun: every published result that decodes with it (1) "
+                                                "was measured with it as it is")
     _commit(tmp_path, 1_100_000_000, "bench")
     assert rerun.stale(["drafters/d"], tmp_path) == []  # remeasured and committed
     (tmp_path / "drafters" / "d" / "README.md").write_text("a better card")
@@ -161,7 +165,9 @@ def test_bench_rerun_dry_run_lists_and_runs_nothing(capsys):
     before = {p: p.stat().st_mtime_ns for p in (REPO / "bench" / "results").glob("*.json")}
     assert main(["bench", "--rerun", "fasteagle-equal", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.strip() == rerun.describe(rerun.stale(["fasteagle-equal"], REPO)).strip()  # what is stale today
+    current = []
+    found = rerun.stale(["fasteagle-equal"], REPO, current)
+    assert out.strip() == rerun.describe(found, len(current)).strip()  # what is stale today
     assert {p: p.stat().st_mtime_ns for p in (REPO / "bench" / "results").glob("*.json")} == before
     assert main(["bench", "--rerun", "nope", "--dry-run"]) == 2
     assert "neither a method" in capsys.readouterr().err

@@ -148,8 +148,9 @@ def estimate(doc: dict) -> tuple[float, bool]:
     return seconds + LOAD_S * max(len(loaded), 1), False
 
 
-def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
-    """The published results that decode with any drafter `names` gives, in name order."""
+def stale(names: list[str], root: Path = Path("."), current: list[Path] | None = None) -> list[Stale]:
+    """The published results that decode with any drafter `names` gives, in name order; those measured with the
+    drafters as they are go to `current` instead, when given."""
     from fasteagle.bench.reports import read_result
 
     changed = changed_folders(names, root)
@@ -161,6 +162,8 @@ def stale(names: list[str], root: Path = Path(".")) -> list[Stale]:
         hit = sorted(changed[f] for f in folders)
         named[path.relative_to(root)] = hit
         if hit and not doc.get("snapshot") and not doc.get("partial") and remeasured(path, folders, root):
+            if current is not None:
+                current.append(path.relative_to(root))
             continue  # measured with the drafters as they are (a snapshot is listed as kept; a cut run is not)
         source = next((v for k, v in _flags(shlex.split(command)) if k in READS), None)
         if hit or source:
@@ -210,10 +213,12 @@ def last_change(paths: list[Path], root: Path) -> float | None:
     return float(stamp) if stamp else None
 
 
-def describe(found: list[Stale]) -> str:
-    """The dry run's listing: one line per result, then the total time on this machine."""
+def describe(found: list[Stale], current: int = 0) -> str:
+    """The dry run's listing: one line per result, then the total time on this machine (`current`: how many
+    results that decode with the drafter were measured with it as it is)."""
     if not found:
-        return "no published result decodes with that drafter"
+        return (f"nothing to rerun: every published result that decodes with it ({current}) was measured with it "
+                "as it is" if current else "no published result decodes with that drafter")
     def when(s: Stale) -> str:
         if s.snapshot:
             return "kept as measured"
