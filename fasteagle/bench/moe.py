@@ -21,6 +21,7 @@ from fasteagle.files import check_writable, write_text
 TARGETS, ARMS, SEEDS = ("dense", "sparse"), ("cascade", "eagle3"), (0, 1)
 TABLE_POINTS = 4  # the loss table shows each curve at this many evenly spaced logged steps, the last included
 TABLE_DEPTHS = 3
+CHART_DEPTHS = 6  # the chart draws the first this many depths (a cascade's six)
 
 
 def _read(path: Path) -> dict:
@@ -118,7 +119,7 @@ def chart(doc: dict, path: str | Path) -> None:
         for target in TARGETS:
             for seed, a in zip(SEEDS, s["arms"][f"{target}/{name}"]):
                 curve = a["loss_curve"]
-                for d, losses in enumerate(curve["loss"][:TABLE_DEPTHS + 3], start=1):
+                for d, losses in enumerate(curve["loss"][:CHART_DEPTHS], start=1):
                     fig.add_scatter(x=curve["steps"], y=losses, mode="lines", row=1, col=col,
                                     name=f"{target}, depth {d}", legendgroup=f"{target}{d}",
                                     showlegend=col == 1 and seed == SEEDS[0],
