@@ -42,6 +42,17 @@ def pad_batch(seqs: list[list[int]], masks: list[list[int]], pad_id: int = 0) ->
     return ids, mask
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts to the longest, as `generate` wants a batch: (ids, attention mask)."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    att = torch.zeros(len(seqs), L, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, L - len(s):] = torch.tensor(s)
+        att[r, L - len(s):] = 1
+    return ids, att
+
+
 @torch.no_grad()
 def teach(model: torch.nn.Module, input_ids: torch.Tensor, feature_layers: list[int], topk: int = 16):
     """Target features (B, L, 3H) and its top-k next-token probabilities at every position."""
@@ -177,12 +188,8 @@ def self_distill(model, tokenizer, prompts: list[list[int]], max_new_tokens: int
         if time_budget_s and time.monotonic() - t0 > time_budget_s:
             break
         idx = order[start:start + batch_size]
-        L = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), L), pad, dtype=torch.long)
-        att = torch.zeros(len(idx), L, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, L - len(prompts[i]):] = torch.tensor(prompts[i])
-            att[r, L - len(prompts[i]):] = 1
+        ids, att = left_pad([prompts[i] for i in idx], pad)
+        L = ids.shape[1]  # the padded prompt length: replies start here
         sample = sample_every and b % sample_every == sample_every - 1
         gen = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens,
                              do_sample=bool(sample), temperature=0.7 if sample else None, top_p=None, top_k=None,
@@ -237,12 +244,8 @@ def distill_features(model, tokenizer, prompts: list[list[int]], out_dir: str | 
         if time_budget_s and time.monotonic() - t0 > time_budget_s:
             break
         idx = order[start:start + batch_size]
-        L = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), L), pad, dtype=torch.long)
-        att = torch.zeros(len(idx), L, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, L - len(prompts[i]):] = torch.tensor(prompts[i])
-            att[r, L - len(prompts[i]):] = 1
+        ids, att = left_pad([prompts[i] for i in idx], pad)
+        L = ids.shape[1]  # the padded prompt length: replies start here
         torch.manual_seed(seed + b)
         sample = bool(sample_every) and b % sample_every == sample_every - 1
         gen = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens,
