@@ -124,10 +124,17 @@ def side_by_side_chart(doc: dict, path: str | Path) -> None:
 
 
 def redraw(result_file: str | Path) -> None:
-    """The .md table (and, for a method comparison, the .html charts) of a result JSON, drawn again."""
+    """The .md table (and the .html charts, for the results that have them) of a result JSON, drawn again."""
     path = Path(result_file)
-    doc = read_result(path)
-    write_text(path.with_suffix(".md"), markdown_table(doc))
+    draw(read_result(path), path)
+
+
+def draw(doc: dict, path: str | Path) -> str:
+    """Write the .md table of result `doc` beside its JSON at `path`, and its .html charts where its kind has
+    them; returns the table."""
+    path = Path(path)
+    table = markdown_table(doc)
+    write_text(path.with_suffix(".md"), table)
     if "methods" in doc and "rows" in doc:
         charts(doc, path.with_suffix(".html"))
     if "equal_training" in doc:
@@ -138,3 +145,4 @@ def redraw(result_file: str | Path) -> None:
         from fasteagle.bench.moe import chart
 
         chart(doc, path.with_suffix(".html"))
+    return table

@@ -193,14 +193,10 @@ def report(recipe, out: Path, command: str) -> Path | None:
 
 def write_side_by_side(doc: dict, path: Path) -> Path:
     """A side-by-side document at `path`, its Markdown table and its chart beside it; the table printed."""
-    from fasteagle.bench.plots import side_by_side_chart
-    from fasteagle.bench.reports import markdown_table
+    from fasteagle.bench.plots import draw
 
     write_text(path, json.dumps(doc, indent=2))
-    table = markdown_table(doc)
-    write_text(path.with_suffix(".md"), table)
-    side_by_side_chart(doc, path.with_suffix(".html"))
-    print(table)
+    print(draw(doc, path))
     print(f"wrote {path} (+ .md table, .html chart)")
     return path
 

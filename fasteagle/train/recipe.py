@@ -377,8 +377,7 @@ def _budget(budget, method: str):
 
 def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
     """The curves as one result document (with the recipe and the command), its table and charts."""
-    from fasteagle.bench import markdown_table
-    from fasteagle.bench.plots import equal_training_charts
+    from fasteagle.bench.plots import draw
 
     points = curves(recipe, out)
     measured = next((doc for doc in map(result_of, bench_runs(recipe, out)) if doc is not None), None)
@@ -391,10 +390,7 @@ def report(recipe: Recipe, out: Path, dest: str | None) -> Path:
            "tune": tuned(out), "device": device, "command": _command()}
     path = Path(dest or out / "equal-training.json")
     write_text(path, json.dumps(doc, indent=2))
-    table = markdown_table(doc)
-    write_text(path.with_suffix(".md"), table)
-    equal_training_charts(doc, path.with_suffix(".html"))
-    print(table)
+    print(draw(doc, path))
     print(f"wrote {path} (+ .md table, .html charts)")
     return path
 
