@@ -164,13 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from fasteagle.bench.plots import draw
     from fasteagle.cli_args import result_command
 
     check_writable(args.out, "--out")
     doc = {"moe_study": study(Path(args.run)), "command": result_command("fasteagle.bench.moe")}
     write_text(args.out, json.dumps(doc, indent=1) + "\n")
-    draw(doc, args.out)
+    write_text(Path(args.out).with_suffix(".md"), markdown(doc))
+    chart(doc, Path(args.out).with_suffix(".html"))
     print(f"wrote {args.out}")
     return 0
 
