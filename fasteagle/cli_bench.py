@@ -26,25 +26,34 @@ from fasteagle.methods import ALIASES, METHODS, PAPER_BUDGET
 STARTED = time.monotonic()  # a result's wall_s counts from here: loads included, as a rerun pays them
 
 
-def _report(doc: dict, out: str | None, charts: bool = False) -> int:
-    """Print a measurement as a table and keep it as JSON, with the .md table (and, for a method
-    comparison, the .html charts) beside it; every file is replaced whole or not at all."""
+def _report(doc: dict, out: str | None) -> int:
+    """Print a measurement as a table and keep it as JSON, with its .md table and .html charts drawn beside
+    it by `bench.draw`, as `--redraw` draws them; every file is replaced whole or not at all. Where plotly
+    is missing (a bare GPU machine that only measures) the result and its table are kept and `--redraw`
+    draws the charts later."""
     from fasteagle import bench, files
 
     doc["command"] = command_line()
     doc.setdefault("wall_s", round(time.monotonic() - STARTED, 1))
-    table = bench.markdown_table(doc)
-    print(table)
-    if out:
-        files.write_text(out, json.dumps(doc, indent=2))
+    if not out:
+        print(bench.markdown_table(doc))
+        return 0
+    files.write_text(out, json.dumps(doc, indent=2))
+    try:
+        table, drawn = bench.draw(doc, out), ", any .html charts"
+    except ModuleNotFoundError as exc:
+        table, drawn = bench.markdown_table(doc), ""
         files.write_text(Path(out).with_suffix(".md"), table)
-        print(f"wrote {out} (+ .md table{_charts_beside(doc, Path(out)) if charts else ''})")
+        print(f"no .html charts ({exc.name} is not installed): `python -m fasteagle bench --redraw {out}` draws "
+              "them where it is", file=sys.stderr)
+    print(table)
+    print(f"wrote {out} (+ .md table{drawn})")
     return 0
 
 
-def _check_out(out: str, charts: bool) -> None:
-    """--out and the files written beside it must be writable before anything is timed: a write that
-    fails after the measurement would lose it."""
+def _check_out(out: str) -> None:
+    """--out and the .md and .html written beside it must be writable before anything is timed: a write
+    that fails after the measurement would lose it."""
     from fasteagle.files import check_writable
 
     path = Path(out)
@@ -52,7 +61,7 @@ def _check_out(out: str, charts: bool) -> None:
         raise FastEagleError(f"--out {out} would be overwritten by the {path.suffix} written beside the result; "
                              "give a .json path")
     check_writable(path, "--out")
-    for suffix in (".md", ".html") if charts else (".md",):
+    for suffix in (".md", ".html"):
         check_writable(path.with_suffix(suffix), f"the {suffix} beside --out,")
 
 
@@ -93,11 +102,11 @@ def _bench_redraw(args) -> int:
 
     for f in _names(args.redraw):
         bench.redraw(f)
-        print(f"redrew {Path(f).with_suffix('.md')} (+ .html charts for a method comparison)")
+        print(f"redrew {Path(f).with_suffix('.md')} (+ .html charts where its kind has them)")
     return 0
 
 
-def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[int], list[int] | None]:
+def _bench_checks(args) -> tuple[list[int] | None, list[int], list[int] | None]:
     """The lists every measurement parses and its --out, checked before the model loads so that none
     fails after the timing: (--verify-cost sizes, --depths, --budget-curve budgets)."""
     from fasteagle import bench
@@ -110,7 +119,7 @@ def _bench_checks(args, charts: bool = False) -> tuple[list[int] | None, list[in
     if args.draft_step and args.draft_step not in bench.SHAPES:
         raise FastEagleError(f"unknown --draft-step shape {args.draft_step!r}; choose one of {', '.join(bench.SHAPES)}")
     if args.out:
-        _check_out(args.out, charts=charts)
+        _check_out(args.out)
     return sizes, depths, budgets
 
 
@@ -122,7 +131,7 @@ def _bench_engines(args) -> int:
     require_vllm()
     sizes = int_list(args.batch_sizes or ("32" if args.distill_speed else "1"), "--batch-sizes")
     if args.out:
-        _check_out(args.out, charts=args.repeats is not None)
+        _check_out(args.out)
     if args.step_costs:  # vLLM alone, no prompts: our target is not loaded
         return _report(cli_vllm.bench(args, None, method_settings(args), [], [], sizes), args.out)
     if args.distill_speed:  # the target alone writes the replies: no methods to check
@@ -130,7 +139,7 @@ def _bench_engines(args) -> int:
     names, _, prompts = _bench_prompts(args)
     target = load_target(args.target, "cpu", "fp32", pack=args.pack)
     doc = cli_vllm.bench(args, target, method_settings(args), names, [p["text"] for p in prompts], sizes)
-    return _report(doc, args.out, charts=args.repeats is not None)
+    return _report(doc, args.out)
 
 
 def _bench_draft_step(args) -> int:
@@ -251,7 +260,7 @@ def _bench_diagnose(args) -> int:
     for v in variants:
         diagnose.parse_variant(v)
     if args.out:
-        _check_out(args.out, False)
+        _check_out(args.out)
     names, prompt_files, prompts = _bench_prompts(args)
     drafted = [m for m in names if m != "vanilla"]
     named = dict(method_settings(args).named)
@@ -297,7 +306,7 @@ def _bench_compare(args) -> int:
     from fasteagle import bench, files
     from fasteagle.verify import SamplingParams
 
-    _bench_checks(args, charts=True)
+    _bench_checks(args)
     ref = _reference(args)
     names, prompt_files, prompts = _bench_prompts(args)
     target, methods, settings = _bench_setup(args, names, prompts, prompt_files)
@@ -333,7 +342,7 @@ def _bench_compare(args) -> int:
     if ref is not None:
         doc["reference"] = {"file": args.reference, "dtype": ref.get("settings", {}).get("dtype"),
                             "replies": bench.reply_match(ref, doc)}
-    return _report(doc, args.out, charts=True)
+    return _report(doc, args.out)
 
 
 def _what_if_methods(args, methods: dict, settings: dict) -> frozenset:
@@ -366,7 +375,7 @@ def _bench_predict(args) -> int:
     costs = predict.costs_from_auto(bench.read_result(args.costs), args.costs) if args.costs else None
     against = [(f, bench.read_result(f)) for f in _names(args.against)] if args.against else []
     if args.out:
-        _check_out(args.out, charts=False)
+        _check_out(args.out)
     doc = {"predict": args.predict, "costs_from": args.costs, "depth": args.tree_depth,
            "methods": predict.table(doc, args.predict, budgets, args.tree_depth, costs, against)}
     return _report(doc, args.out)
@@ -413,20 +422,6 @@ BENCH_MODES = {
     "engine": lambda args: _bench_engines(args) if args.engine == "vllm" else _bench_compare(args),
     "compare": _bench_compare,
 }
-
-
-def _charts_beside(doc: dict, out: Path) -> str:
-    """Draw the .html charts beside a result; where plotly is missing (a bare GPU machine that only
-    measures) the measurement is kept and `--redraw` draws them later."""
-    from fasteagle import bench
-
-    try:
-        bench.charts(doc, out.with_suffix(".html"))
-    except ModuleNotFoundError as exc:
-        print(f"no .html charts ({exc.name} is not installed): `python -m fasteagle bench --redraw {out}` draws "
-              "them where it is", file=sys.stderr)
-        return ""
-    return ", .html charts"
 
 
 def _drafter_summaries(methods: dict) -> dict:
@@ -482,8 +477,8 @@ def add_parser(sub) -> None:
                    metavar="DOCS", help="draw every result table of these documents (comma list; default "
                    f"{','.join(DOCS)}) again from the result file each block names; nothing is timed")
     b.add_argument("--redraw", default=None, metavar="FILES",
-                   help="write the .md table (and a method comparison's .html charts) of these result JSON files "
-                        "again, with this version's tables and charts; nothing is timed")
+                   help="write the .md table (and the .html charts, where a result's kind has them) of these "
+                        "result JSON files again, with this version's tables and charts; nothing is timed")
     b.add_argument("--reference", default=None, metavar="RESULT",
                    help="with a method comparison: how many replies of each method equal RESULT's vanilla replies "
                         "to the same prompts (e.g. a bf16 run against an fp32 one)")

@@ -152,7 +152,7 @@ def test_result_files_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(files, "os", SimpleNamespace(**{**vars(os), "replace": crash}))
     doc = json.loads(COMPARED.read_text())
-    for write in (lambda: cli_bench._report(dict(doc), str(out), charts=True), lambda: bench.redraw(out),
+    for write in (lambda: cli_bench._report(dict(doc), str(out)), lambda: bench.redraw(out),
                   lambda: bench.charts(doc, tmp_path / "r.html"), lambda: bench.update_docs([readme])):
         with pytest.raises(OSError, match="No space"):
             write()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -241,6 +242,16 @@ def test_markdown_charts_and_docs(doc, tmp_path):
     assert "middle" in text and text.count("<!-- result: r.json -->") == 2  # blocks stay where they were
     assert "from [`r.json`](r.json), made by `python -m fasteagle bench --limit 1`" in text  # each cites its command
     assert bench.render_docs([readme]) == {readme: text}  # drawn again, the same text
+
+
+def test_redraw_draws_a_vllm_batch_sweep_chart_too(tmp_path):
+    """`--redraw` draws every kind's charts as the measuring command wrote them: a vLLM batch sweep's
+    (no `rows`, a block per batch size) included."""
+    name = "cpu-smollm2-135m-vllm-batches-2026-11-28"
+    results = Path(__file__).parents[1] / "bench" / "results"
+    (tmp_path / f"{name}.json").write_text((results / f"{name}.json").read_text())
+    bench.redraw(tmp_path / f"{name}.json")
+    assert (tmp_path / f"{name}.html").read_text() == (results / f"{name}.html").read_text()
 
 
 def test_the_table_notes_sampling_and_shows_peak_memory_where_measured(doc):

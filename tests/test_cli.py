@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,20 +90,28 @@ def test_train_flags_reach_the_config(monkeypatch, tmp_path):
 
 
 def test_bench_keeps_its_result_where_plotly_is_missing(monkeypatch, tmp_path, capsys):
-    """A bare GPU machine measures without plotly: the charts are left for `--redraw`, nothing else."""
-    from fasteagle import bench, cli_bench
+    """A bare GPU machine measures without plotly: the result and its table are kept, the charts are left
+    for `--redraw`; where plotly is there, the charts are drawn beside the result as `--redraw` draws them."""
+    from fasteagle import cli_bench
+    from fasteagle.bench import plots
 
+    doc = json.loads((Path(__file__).parents[1] / "bench" / "results" / "cpu-smollm2-135m-budget60-2026-11-26e.json")
+                     .read_text())  # a method comparison
     drawn = []
-    monkeypatch.setattr(bench, "charts", lambda doc, path: drawn.append(path))
-    assert cli_bench._charts_beside({}, tmp_path / "r.json") == ", .html charts" and drawn == [tmp_path / "r.html"]
+    monkeypatch.setattr(plots, "charts", lambda doc, path: drawn.append(Path(path)))
+    assert cli_bench._report(dict(doc), str(tmp_path / "r.json")) == 0 and drawn == [tmp_path / "r.html"]
 
     def no_plotly(doc, path):
         raise ModuleNotFoundError("No module named 'plotly'", name="plotly")
 
-    monkeypatch.setattr(bench, "charts", no_plotly)
-    assert cli_bench._charts_beside({}, tmp_path / "r.json") == ""
+    monkeypatch.setattr(plots, "charts", no_plotly)
+    out = tmp_path / "bare" / "r.json"
+    out.parent.mkdir()
+    assert cli_bench._report(dict(doc), str(out)) == 0
+    assert json.loads(out.read_text())["methods"] == doc["methods"] and out.with_suffix(".md").exists()
+    assert not out.with_suffix(".html").exists()
     err = capsys.readouterr().err
-    assert f"plotly is not installed): `python -m fasteagle bench --redraw {tmp_path / 'r.json'}`" in err
+    assert f"plotly is not installed): `python -m fasteagle bench --redraw {out}`" in err
 
 
 def test_node_budget_default_follows_the_method_and_device():

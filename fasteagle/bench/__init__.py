@@ -21,7 +21,7 @@ smaller budgets) are `fasteagle.trace`'s.
 """
 
 from fasteagle.bench.costs import SHAPES, draft_step_cost, verify_cost
-from fasteagle.bench.plots import charts, redraw
+from fasteagle.bench.plots import charts, draw, redraw
 from fasteagle.bench.prompts import load_prompts, tuning_prompts
 from fasteagle.bench.reports import (
     drafter_summary,
@@ -50,7 +50,7 @@ from fasteagle.bench.tune import (
 
 __all__ = [
     "AUTO_BUDGETS", "GPU_AUTO_BUDGETS", "HF_METHODS", "SHAPES", "auto_tree",
-    "budget_curve", "charts", "compare", "cpu_model", "device_name", "draft_step_cost", "drafter_summary",
+    "budget_curve", "charts", "compare", "cpu_model", "device_name", "draw", "draft_step_cost", "drafter_summary",
     "load_prompts", "lookup_nodes", "markdown_table", "node_paths", "nondecreasing", "per_prompt", "read_result",
     "redraw", "render_docs", "reply_digest", "reply_match", "result_block", "result_document", "summarize",
     "time_one", "token_paths",

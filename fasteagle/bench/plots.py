@@ -135,7 +135,7 @@ def draw(doc: dict, path: str | Path) -> str:
     path = Path(path)
     table = markdown_table(doc)
     write_text(path.with_suffix(".md"), table)
-    if "methods" in doc and "rows" in doc:
+    if "batches" in doc or ("methods" in doc and "rows" in doc):
         charts(doc, path.with_suffix(".html"))
     if "equal_training" in doc:
         equal_training_charts(doc, path.with_suffix(".html"))
