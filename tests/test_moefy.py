@@ -187,7 +187,7 @@ def fake_study(run, taus: dict) -> None:
                 label = f"{name}-s{seed}"
                 put(run / target / label / "history.json",
                     [{"step": s, "loss1": 5.0 - s / 100, "loss2": 6.0, "acc1": 0.2} for s in (50, 100, 150, 220)])
-                put(run / "done" / f"{target}-{label}.json", {"minutes": 22.0})
+                put(run / target / label / "config.json", {"training": {"train_minutes_all": 22.0}})
                 methods[label] = {"tau": taus[f"{target}/{name}"][seed], "depth_acceptance": [0.2, 0.1, 0.0],
                                   "speedup_vs_vanilla": 0.95, "tokens_per_s": 28.0, "identical_to_vanilla": 24,
                                   "prompts": 24}
@@ -207,6 +207,7 @@ def test_the_study_report_joins_its_files_and_says_the_ratio(tmp_path):
     s = doc["moe_study"]
     assert rc == 0 and s["tau"]["sparse/cascade"] == [1.09, 0.02]
     assert s["cascade_tau_sparse_over_dense"] == round(1.09 / 1.21, 3)
+    assert s["arms"]["sparse/eagle3"][1]["minutes"] == 22.0  # the trainer's own minutes, resumes counted
     assert s["arms"]["dense/cascade"][0]["loss_curve"] == {"steps": [50, 100, 150, 220],
                                                           "loss": [[4.5, 4.0, 3.5, 2.8], [6.0] * 4]}
     table = markdown_table(doc)

@@ -46,7 +46,9 @@ def arm(run: Path, target: str, name: str, seed: int, bench: dict) -> dict:
     m = bench["methods"].get(label)
     if m is None:
         raise FastEagleError(f"{target}'s chains have no method {label}")
-    return {"steps": history[-1]["step"], "minutes": _read(run / "done" / f"{target}-{label}.json")["minutes"],
+    # the trainer's own minutes: they count what a run cut by a stop had trained before it resumed
+    minutes = _read(run / target / label / "config.json")["training"]["train_minutes_all"]
+    return {"steps": history[-1]["step"], "minutes": minutes,
             "loss_curve": loss_curve(history), "tau": m["tau"], "depth_acceptance": m["depth_acceptance"],
             "speedup_vs_vanilla": m["speedup_vs_vanilla"], "tokens_per_s": m["tokens_per_s"],
             "identical": f"{m['identical_to_vanilla']}/{m['prompts']}"}
