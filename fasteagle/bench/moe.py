@@ -84,8 +84,8 @@ def markdown(doc: dict) -> str:
              + f"), top-1 agreement with dense greedy replies {q['top_k'][k]['top1_agreement']}, identical replies "
              f"{q['top_k'][k]['identical_replies']}/{q['top_k'][k]['replies']}.", "",
              "| target | drafter | tau (2 seeds: mean, spread) | acceptance by depth (seed 0; seed 1) | speedup vs "
-             f"vanilla | identical | training loss of depths 1-{TABLE_DEPTHS} by step (seed 0) |",
-             "|---|---|---|---|---|---|---|"]
+             f"vanilla | identical | training minutes | training loss of depths 1-{TABLE_DEPTHS} by step (seed 0) |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, arms in s["arms"].items():
         target, name = key.split("/")
         mean, spread = s["tau"][key]
@@ -93,9 +93,10 @@ def markdown(doc: dict) -> str:
         curve = arms[0]["loss_curve"]
         loss = " / ".join(f"{curve['steps'][i]}: " + ", ".join(f"{d[i]:.2f}" for d in curve["loss"][:TABLE_DEPTHS])
                           for i in table_points(len(curve["steps"])))
+        minutes = ", ".join(f"{x['minutes']:.1f}" for x in arms)
         lines.append(f"| {target} | {name} | {mean:.3f} ± {spread / 2:.3f} | {acc} | "
                      + ", ".join(f"{x['speedup_vs_vanilla']:.2f}x" for x in arms)
-                     + f" | {', '.join(x['identical'] for x in arms)} | {loss} |")
+                     + f" | {', '.join(x['identical'] for x in arms)} | {minutes} | {loss} |")
     lines += ["", f"Cascade tau, sparse over dense: {s['cascade_tau_sparse_over_dense']}x (EAGLE-3-style: "
               f"{s['eagle3_tau_sparse_over_dense']}x).", "", _routing_table(s["routing"])]
     return "\n".join(lines) + "\n"
