@@ -25,6 +25,7 @@ apply: another device or dtype, autograd, or a weight changed in place since the
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 import torch.nn.functional as F
@@ -221,3 +222,87 @@ def pack_linears(module: nn.Module, kind: str = "fp32") -> int:
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-12))
+
+
+
+def pack_experts(module: nn.Module) -> int:
+    """Give every mixture-of-experts block under `module` prepacked copies of its router's and its experts'
+    weights, and forwards that use them; returns how many expert sets were packed.
+
+    Why: the stock forwards multiply the router's weight by all the tokens at once and each expert's weight by
+    the rows routed to it, so a token's numbers depend on which other tokens come with it. A verify forward of a
+    tree and a decode step of one token then round differently, and a near-tie in the target's logits (or its
+    routing) can pick another token: greedy output would no longer equal vanilla's. The blocked product gives
+    each row the same numbers whatever rows come with it. Experts: transformers 5's 3D tensors (`gate_up_proj`,
+    `down_proj`; concatenated, untransposed, no bias). Routers: modules named `...Router` with a 2D `weight`
+    that their forward multiplies with `F.linear` (Mixtral's, Qwen3-MoE's, OLMoE's).
+    """
+    if not available():
+        return 0
+    fp32_cpu = [m for m in module.modules() if isinstance(w := getattr(m, "weight", getattr(m, "gate_up_proj", None)),
+                                                          torch.Tensor) and w.device.type == "cpu"
+                and w.dtype == torch.float32]
+    routers = [m for m in fp32_cpu if type(m).__name__.endswith("Router") and not isinstance(m, nn.Linear)
+               and isinstance(m.weight, torch.Tensor) and m.weight.dim() == 2]
+    for m in routers:
+        m._blocked_router = weight_stamp(m.weight), _blocked(m.weight)
+        m._eager_forward = m.forward
+        m.forward = types.MethodType(_blocked_router_forward, m)
+    experts = [m for m in fp32_cpu if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
+               and isinstance(getattr(m, "down_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3
+               and not getattr(m, "is_transposed", True) and getattr(m, "is_concatenated", False)
+               and getattr(m, "has_gate", False) and not getattr(m, "has_bias", True)]
+    for m in experts:
+        copies = [(_blocked(m.gate_up_proj[e]), _blocked(m.down_proj[e])) for e in range(len(m.gate_up_proj))]
+        m._blocked_experts = (weight_stamp(m.gate_up_proj), weight_stamp(m.down_proj)), copies
+        m._eager_forward = m.forward
+        m.forward = types.MethodType(_blocked_experts_forward, m)
+    return len(experts)
+
+
+def _exact(stamps: tuple, x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether the prepacked copies apply: inference, fp32 on the CPU, weights unchanged since they were made."""
+    return (not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu"
+            and stamps == tuple(weight_stamp(w) for w in weights))
+
+
+class _RouterProduct(torch.overrides.TorchFunctionMode):
+    """While a router's own forward runs: its `F.linear(x, weight)` through the prepacked copy."""
+
+    def __init__(self, weight: torch.Tensor, blocked: torch.Tensor):
+        super().__init__()
+        self.weight, self.blocked = weight, blocked
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear and len(args) == 2 and args[1] is self.weight and not kwargs:
+            return _blocked_product(args[0].contiguous(), self.blocked, None)
+        return func(*args, **(kwargs or {}))
+
+
+def _blocked_router_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+    stamp, blocked = self._blocked_router
+    if not _exact((stamp,), hidden_states, self.weight):
+        return self._eager_forward(hidden_states, *args, **kwargs)
+    with _RouterProduct(self.weight, blocked):
+        return self._eager_forward(hidden_states, *args, **kwargs)
+
+
+def _blocked_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                             top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' eager experts loop (the same experts in the same order), each product through the prepacked
+    copy; the eager forward wherever the copy does not apply."""
+    stamps, copies = self._blocked_experts
+    if not _exact(stamps, hidden_states, self.gate_up_proj, self.down_proj):
+        return self._eager_forward(hidden_states, top_k_index, top_k_weights)
+    out = torch.zeros_like(hidden_states)  # (tokens, hidden)
+    experts = len(copies)
+    mask = F.one_hot(top_k_index, num_classes=experts + 1).permute(2, 1, 0)  # (experts + 1, k, tokens)
+    for e in mask.sum(dim=(-1, -2)).gt(0).nonzero()[:, 0].tolist():
+        if e == experts:
+            continue
+        slot, tokens = torch.where(mask[e])
+        gate_up, down = copies[e]
+        h = self._apply_gate(_blocked_product(hidden_states[tokens].contiguous(), gate_up, None))
+        h = _blocked_product(h.contiguous(), down, None) * top_k_weights[tokens, slot, None]
+        out.index_add_(0, tokens, h)
+    return out
