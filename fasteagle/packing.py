@@ -79,7 +79,7 @@ class WeightCopy(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        self.out_features, self.in_features = weight.shape[-2:]  # an ExpertsCopy's weight is 3D
         self.weight = weight  # the caller's Parameter/tensor itself, not a copy
         self.bias = bias
         self._copy = None
@@ -224,6 +224,16 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-12))
 
 
+class ExpertsCopy(WeightCopy):
+    """A mixture-of-experts weight stored as one 3D tensor (experts, out, in), each expert's matrix also held in
+    oneDNN's blocked layout; `prepared()` gives the list, remade when the tensor changes."""
+
+    def _usable(self, x: torch.Tensor) -> bool:
+        return available() and super()._usable(x)
+
+    def _make(self, w: torch.Tensor) -> list[torch.Tensor]:
+        return [_blocked(w[e]) for e in range(len(w))]
+
 
 def pack_experts(module: nn.Module) -> int:
     """Give every mixture-of-experts block under `module` prepacked copies of its router's and its experts'
@@ -239,70 +249,65 @@ def pack_experts(module: nn.Module) -> int:
     """
     if not available():
         return 0
-    fp32_cpu = [m for m in module.modules() if isinstance(w := getattr(m, "weight", getattr(m, "gate_up_proj", None)),
-                                                          torch.Tensor) and w.device.type == "cpu"
-                and w.dtype == torch.float32]
-    routers = [m for m in fp32_cpu if type(m).__name__.endswith("Router") and not isinstance(m, nn.Linear)
-               and isinstance(m.weight, torch.Tensor) and m.weight.dim() == 2]
+    routers = [m for m in module.modules() if type(m).__name__.endswith("Router") and not isinstance(m, nn.Linear)
+               and _fp32_cpu(getattr(m, "weight", None)) and m.weight.dim() == 2]
     for m in routers:
-        m._blocked_router = weight_stamp(m.weight), _blocked(m.weight)
+        m._packed_router = PackedLinear(m.weight)
+        m._packed_router.prepared()  # now, at load time, not in the first timed forward
         m._eager_forward = m.forward
         m.forward = types.MethodType(_blocked_router_forward, m)
-    experts = [m for m in fp32_cpu if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
-               and isinstance(getattr(m, "down_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3
+    experts = [m for m in module.modules() if _fp32_cpu(getattr(m, "gate_up_proj", None))
+               and _fp32_cpu(getattr(m, "down_proj", None)) and m.gate_up_proj.dim() == 3
                and not getattr(m, "is_transposed", True) and getattr(m, "is_concatenated", False)
                and getattr(m, "has_gate", False) and not getattr(m, "has_bias", True)]
     for m in experts:
-        copies = [(_blocked(m.gate_up_proj[e]), _blocked(m.down_proj[e])) for e in range(len(m.gate_up_proj))]
-        m._blocked_experts = (weight_stamp(m.gate_up_proj), weight_stamp(m.down_proj)), copies
+        m._packed_experts = ExpertsCopy(m.gate_up_proj), ExpertsCopy(m.down_proj)
+        for copy in m._packed_experts:
+            copy.prepared()
         m._eager_forward = m.forward
         m.forward = types.MethodType(_blocked_experts_forward, m)
     return len(experts)
 
 
-def _exact(stamps: tuple, x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """Whether the prepacked copies apply: inference, fp32 on the CPU, weights unchanged since they were made."""
-    return (not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu"
-            and stamps == tuple(weight_stamp(w) for w in weights))
+def _fp32_cpu(w) -> bool:
+    return isinstance(w, torch.Tensor) and w.device.type == "cpu" and w.dtype == torch.float32
 
 
 class _RouterProduct(torch.overrides.TorchFunctionMode):
-    """While a router's own forward runs: its `F.linear(x, weight)` through the prepacked copy."""
+    """While a router's own forward runs: its `F.linear(x, weight)` through the prepacked copy (which takes the
+    plain product itself wherever the copy does not apply)."""
 
-    def __init__(self, weight: torch.Tensor, blocked: torch.Tensor):
+    def __init__(self, packed: PackedLinear):
         super().__init__()
-        self.weight, self.blocked = weight, blocked
+        self.packed = packed
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.linear and len(args) == 2 and args[1] is self.weight and not kwargs:
-            return _blocked_product(args[0].contiguous(), self.blocked, None)
+        if func is F.linear and len(args) == 2 and args[1] is self.packed.weight and not kwargs:
+            return self.packed(args[0])
         return func(*args, **(kwargs or {}))
 
 
 def _blocked_router_forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-    stamp, blocked = self._blocked_router
-    if not _exact((stamp,), hidden_states, self.weight):
-        return self._eager_forward(hidden_states, *args, **kwargs)
-    with _RouterProduct(self.weight, blocked):
+    with _RouterProduct(self._packed_router):
         return self._eager_forward(hidden_states, *args, **kwargs)
 
 
 def _blocked_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                              top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' eager experts loop (the same experts in the same order), each product through the prepacked
-    copy; the eager forward wherever the copy does not apply."""
-    stamps, copies = self._blocked_experts
-    if not _exact(stamps, hidden_states, self.gate_up_proj, self.down_proj):
+    copy; the eager forward wherever the copy does not apply (`WeightCopy._usable`)."""
+    gate_up_copy, down_copy = self._packed_experts
+    if not (gate_up_copy._usable(hidden_states) and down_copy._usable(hidden_states)):
         return self._eager_forward(hidden_states, top_k_index, top_k_weights)
+    gate_ups, downs = gate_up_copy.prepared(), down_copy.prepared()
     out = torch.zeros_like(hidden_states)  # (tokens, hidden)
-    experts = len(copies)
+    experts = len(gate_ups)
     mask = F.one_hot(top_k_index, num_classes=experts + 1).permute(2, 1, 0)  # (experts + 1, k, tokens)
     for e in mask.sum(dim=(-1, -2)).gt(0).nonzero()[:, 0].tolist():
         if e == experts:
             continue
         slot, tokens = torch.where(mask[e])
-        gate_up, down = copies[e]
-        h = self._apply_gate(_blocked_product(hidden_states[tokens].contiguous(), gate_up, None))
-        h = _blocked_product(h.contiguous(), down, None) * top_k_weights[tokens, slot, None]
+        h = self._apply_gate(_blocked_product(hidden_states[tokens].contiguous(), gate_ups[e], None))
+        h = _blocked_product(h.contiguous(), downs[e], None) * top_k_weights[tokens, slot, None]
         out.index_add_(0, tokens, h)
     return out

@@ -317,8 +317,8 @@ def _load(path: str, display: str, dev: torch.device, torch_dtype: torch.dtype, 
     if pack is None:
         pack = packing.wanted(dev, torch_dtype)
     packed = packing.pack_linears(model) if pack else 0
-    if pack:
-        packing.pack_experts(model)  # a MoE target's experts too, so its outputs stay exact
+    if packed:  # where the blocked product passed pack_linears' check: a MoE target's experts too, so it stays exact
+        packing.pack_experts(model)
     return Target(model=model, tokenizer=tokenizer, name=display, packed=packed)
 
 
